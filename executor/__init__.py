@@ -1,0 +1,1 @@
+"""Executor: a PyTorch Llama-family transformer with paged KV, driven by the sim scheduler."""

@@ -1,0 +1,1 @@
+"""Serving: an OpenAI-compatible HTTP server on the engine and a trace-replay load client."""

@@ -1,0 +1,1 @@
+"""The servelab command line: parses arguments, composes the packages, prints."""

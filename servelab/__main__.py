@@ -1,0 +1,5 @@
+"""`python -m servelab`."""
+
+from servelab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""The shared vocabulary: Request, SamplingParams, BatchPlan, StepResult, Backend.
+
+Everything else in servelab (scheduler, simulator, executor, server) speaks these types.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life; compare by identity, never by order."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # evicted by recompute: back in the waiting queue, KV freed
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    """Why a finished request stopped."""
+
+    LENGTH = "length"  # produced max_new_tokens
+    STOP = "stop"  # sampled EOS or a stop token id
+    ABORTED = "aborted"  # cancelled by the caller (client disconnect, shutdown)
+    REJECTED = "rejected"  # can never fit: prompt+max_new_tokens above the pool or max_model_len
+    FAILED = "failed"  # the backend raised while computing a step that held this request
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int = 0  # seeds this request's own torch.Generator
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = True  # traces fix the output length, as `vllm bench` does
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation, the same object from arrival to finish."""
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    max_new_tokens: int
+    prompt_token_ids: list[int] | None = None  # None in pure simulation
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Mutable state, owned by the Scheduler.
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    finish_detail: str = ""  # human-readable reason for rejected/failed requests
+    num_computed_tokens: int = 0  # tokens (prompt + output) whose KV is in cache
+    output_token_ids: list[int] = field(default_factory=list)  # filled by a real backend
+    token_times_s: list[float] = field(default_factory=list)  # end of the step of each token
+    first_scheduled_s: float | None = None
+    finish_s: float | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.request_id}: prompt_len must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
+            raise ValueError(f"request {self.request_id}: prompt_len != len(prompt_token_ids)")
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far (one timestamp each)."""
+        return len(self.token_times_s)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the length the KV cache must cover to go on."""
+        return self.prompt_len + len(self.token_times_s)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def token_ids(self) -> list[int]:
+        """Prompt then output token ids (a real backend only)."""
+        assert self.prompt_token_ids is not None, "token ids exist only with a real backend"
+        return self.prompt_token_ids + self.output_token_ids
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """What one engine step computes, built by `Scheduler.schedule`."""
+
+    # request_id -> tokens computed this step: a prefill chunk is n, a decode is 1.
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # The scheduled requests, in the same order as num_scheduled_tokens.
+    requests: list[Request] = field(default_factory=list)
+    # Ids admitted from the waiting queue this step (their prefill starts now).
+    admitted: list[str] = field(default_factory=list)
+    # Ids evicted this step (KV freed, back to the front of the queue).
+    preempted: list[str] = field(default_factory=list)
+    # Static batching: finished rows computed as padding (one token each, no output).
+    padding: list[Request] = field(default_factory=list)
+    # Derived totals for cost models, accumulated while the plan is built.
+    prefill_tokens: int = 0  # tokens of prompt/recompute chunks (every non-decode token)
+    prefill_attn: int = 0  # sum over prefill chunks of chunk_len * context_len after it
+    prefill_seqs: int = 0  # sequences with a prefill chunk
+    decode_seqs: int = 0  # sequences decoding one token (padding rows included)
+    decode_context: int = 0  # sum of KV lengths read by decodes (padding rows included)
+    decode_context_sq: int = 0  # sum of squared decode KV lengths: their spread, for fits
+    decode_context_max: int = 0  # longest decode KV length
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed this step, padding rows included."""
+        return self.prefill_tokens + self.decode_seqs
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in the forward, padding rows included."""
+        return len(self.requests) + len(self.padding)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests and not self.padding
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What a backend reports for one executed plan."""
+
+    duration_s: float
+    # request_id -> sampled token, for every request whose step completed its sequence
+    # (finished its prompt or decoded). None from backends that sample nothing (simulation).
+    sampled_token_ids: dict[str, int] | None = None
+
+
+class Backend(Protocol):
+    """Runs (or predicts) one step: the cost model predicts, the executor measures."""
+
+    def execute(self, plan: BatchPlan) -> StepResult: ...
+
+    def free(self, request: Request) -> None:
+        """Forget per-request state (e.g. a sampling generator) once a request leaves."""
+        ...

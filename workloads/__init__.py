@@ -1,0 +1,1 @@
+"""Workloads: request traces (real and synthetic), loaders, generators, transforms."""
