@@ -1,0 +1,336 @@
+"""One Scheduler; the four policies are configurations of it (DESIGN.md sections 3-4).
+
+There is no prefill phase or decode phase: each request has `num_computed_tokens`, and each
+step hands out tokens from one budget so every running request catches up with its sequence.
+A request samples a token in the step that completes its sequence, so a newly admitted one
+gets its first token from prefill and the running ones advance exactly one token per step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from sim.block_manager import BlockManager
+from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
+
+POLICIES = ("static", "continuous", "recompute", "chunked")
+DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Policy and limits of one scheduler (the `--policy` table of DESIGN.md section 4)."""
+
+    policy: str = "continuous"
+    num_blocks: int = 4096  # KV pool size in blocks
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 256  # most requests running at once
+    max_model_len: int = 8192  # prompt + output tokens one request may reach
+    # Most tokens one step computes. None: 2048 for chunked, else max_model_len (without
+    # chunking a whole prompt must fit one step). `static` prefills its whole batch in one
+    # step and is bounded by max_num_seqs and KV instead.
+    token_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
+        for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.token_budget is not None:
+            if self.token_budget < 1:
+                raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
+            if self.policy != "static" and self.token_budget < self.max_num_seqs:
+                raise ValueError(
+                    f"token_budget {self.token_budget} < max_num_seqs {self.max_num_seqs}: "
+                    "every running request must be able to decode each step"
+                )
+            whole_prompts = self.policy in ("continuous", "recompute")
+            if whole_prompts and self.token_budget < self.max_model_len:
+                raise ValueError(
+                    f"token_budget {self.token_budget} < max_model_len {self.max_model_len}: "
+                    f"policy {self.policy} prefills whole prompts, use chunked to split them"
+                )
+
+    @property
+    def budget(self) -> int:
+        """The resolved per-step token budget."""
+        if self.token_budget is not None:
+            return self.token_budget
+        return DEFAULT_CHUNKED_BUDGET if self.policy == "chunked" else self.max_model_len
+
+    @property
+    def reserves_full(self) -> bool:
+        """Admission reserves prompt + max_new_tokens up front (slot-like KV)."""
+        return self.policy in ("static", "continuous")
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the KV block manager."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.waiting: deque[Request] = deque()  # FCFS; preempted requests go to the front
+        self.running: list[Request] = []  # admission order: the newest is evicted first
+        self.num_preemptions = 0
+        self._live: dict[str, Request] = {}  # unfinished requests by id
+        self._budget = config.budget
+        self._chunked = config.policy == "chunked"
+        self._static = config.policy == "static"
+        self._reserve = config.reserves_full
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add(self, request: Request) -> bool:
+        """Queue a request; reject it at once (and return False) if it can never fit."""
+        if request.request_id in self._live:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        reason = self._never_fits(request)
+        if reason:
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = FinishReason.REJECTED
+            request.finish_detail = reason
+            request.finish_s = request.arrival_s
+            return False
+        request.status = RequestStatus.WAITING
+        self._live[request.request_id] = request
+        self.waiting.append(request)
+        return True
+
+    def _never_fits(self, request: Request) -> str:
+        total = request.prompt_len + request.max_new_tokens
+        cfg = self.config
+        if total > cfg.max_model_len:
+            return f"prompt+max_new_tokens={total} exceeds max_model_len={cfg.max_model_len}"
+        blocks = self.block_manager.blocks_for(total)
+        if blocks > cfg.num_blocks:
+            return f"needs {blocks} KV blocks, the pool has {cfg.num_blocks}"
+        return ""
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED,
+              now: float | None = None) -> Request | None:
+        """Finish a live request early and free its KV at once; None if it is not live."""
+        request = self._live.get(request_id)
+        if request is None:
+            return None
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, reason, now if now is not None else request.arrival_s)
+        return request
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._live)
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> BatchPlan:
+        """Decide what the next step computes (an empty plan if there is nothing to do)."""
+        plan = BatchPlan()
+        if self._static:
+            self._schedule_static(plan, now)
+            return plan
+        budget = self._schedule_running(plan, self._budget)
+        if not plan.preempted:
+            self._admit(plan, budget, now)
+        return plan
+
+    def _schedule_running(self, plan: BatchPlan, budget: int) -> int:
+        """Running requests: decodes first, then unfinished prefills (stall-free order)."""
+        partial: list[Request] = []
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING:
+                continue  # evicted earlier in this loop
+            if request.num_tokens - request.num_computed_tokens != 1:
+                partial.append(request)
+                continue
+            if budget < 1:
+                break
+            if not self._reserve and not self._make_room(request, request.num_tokens, plan):
+                continue
+            self._add_to_plan(plan, request, 1)
+            budget -= 1
+        for request in partial:
+            if budget < 1 or request.status is not RequestStatus.RUNNING:
+                continue
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._reserve and not self._make_room(
+                request, request.num_computed_tokens + n, plan
+            ):
+                continue
+            self._add_to_plan(plan, request, n)
+            budget -= n
+        return budget
+
+    def _make_room(self, request: Request, num_tokens: int, plan: BatchPlan) -> bool:
+        """Allocate KV up to num_tokens, evicting the newest running requests if needed.
+
+        Returns False when `request` itself had to be evicted (it was the newest).
+        """
+        bm = self.block_manager
+        rid = request.request_id
+        while not bm.can_allocate(rid, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, plan)
+            if victim is request:
+                return False
+        bm.allocate(rid, num_tokens)
+        return True
+
+    def _preempt(self, victim: Request, plan: BatchPlan) -> None:
+        """Evict by recompute: free KV, forget computed tokens, back to the front of the queue."""
+        self.running.pop()
+        n = plan.num_scheduled_tokens.pop(victim.request_id, None)
+        if n is not None:  # it was scheduled earlier in this step: take it back out
+            plan.requests.remove(victim)
+            self._unaccount(plan, victim, n)
+        self.block_manager.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        plan.preempted.append(victim.request_id)
+
+    def _admit(self, plan: BatchPlan, budget: int, now: float) -> None:
+        """Move waiting requests to running, FCFS, while slots, budget and KV allow."""
+        bm = self.block_manager
+        waiting = self.waiting
+        max_seqs = self.config.max_num_seqs
+        while waiting and budget > 0 and len(self.running) < max_seqs:
+            request = waiting[0]
+            n = request.num_tokens - request.num_computed_tokens
+            if n > budget:
+                if not self._chunked:
+                    break  # FCFS: the head waits for a step with room for its whole prompt
+                n = budget
+            need = request.prompt_len + request.max_new_tokens if self._reserve else n
+            if not bm.can_allocate(request.request_id, need):
+                break
+            bm.allocate(request.request_id, need)
+            waiting.popleft()
+            self._start(request, plan, now)
+            self._add_to_plan(plan, request, n)
+            budget -= n
+
+    def _start(self, request: Request, plan: BatchPlan, now: float) -> None:
+        request.status = RequestStatus.RUNNING
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = now
+        self.running.append(request)
+        plan.admitted.append(request.request_id)
+
+    def _schedule_static(self, plan: BatchPlan, now: float) -> None:
+        """Batch at a time: a new batch only once every row of the last one finished."""
+        if not self.running:
+            bm = self.block_manager
+            while self.waiting and len(self.running) < self.config.max_num_seqs:
+                request = self.waiting[0]
+                need = request.prompt_len + request.max_new_tokens
+                if not bm.can_allocate(request.request_id, need):
+                    break
+                bm.allocate(request.request_id, need)
+                self.waiting.popleft()
+                self._start(request, plan, now)
+        for request in self.running:
+            if request.status is RequestStatus.FINISHED:
+                plan.padding.append(request)
+                plan.decode_seqs += 1
+                ctx = request.num_tokens
+                plan.decode_context += ctx
+                plan.decode_context_sq += ctx * ctx
+                if ctx > plan.decode_context_max:
+                    plan.decode_context_max = ctx
+            else:
+                self._add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
+
+    # ---- plan bookkeeping ----------------------------------------------------------------
+
+    @staticmethod
+    def _add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
+        plan.num_scheduled_tokens[request.request_id] = n
+        plan.requests.append(request)
+        ctx = request.num_computed_tokens + n  # KV length attended over after this step
+        if n == 1 and request.num_computed_tokens + 1 == request.num_tokens:
+            plan.decode_seqs += 1
+            plan.decode_context += ctx
+            plan.decode_context_sq += ctx * ctx
+            if ctx > plan.decode_context_max:
+                plan.decode_context_max = ctx
+        else:
+            plan.prefill_tokens += n
+            plan.prefill_attn += n * ctx
+            plan.prefill_seqs += 1
+
+    @staticmethod
+    def _unaccount(plan: BatchPlan, request: Request, n: int) -> None:
+        ctx = request.num_computed_tokens + n
+        if n == 1 and request.num_computed_tokens + 1 == request.num_tokens:
+            plan.decode_seqs -= 1
+            plan.decode_context -= ctx
+            plan.decode_context_sq -= ctx * ctx
+        else:
+            plan.prefill_tokens -= n
+            plan.prefill_attn -= n * ctx
+            plan.prefill_seqs -= 1
+
+    # ---- after the step ------------------------------------------------------------------
+
+    def update(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
+        """Apply a finished step at time `now`: new tokens, retirements. Returns finished."""
+        sampled = result.sampled_token_ids
+        finished: list[Request] = []
+        counts = plan.num_scheduled_tokens
+        for request in plan.requests:
+            request.num_computed_tokens += counts[request.request_id]
+            if request.num_computed_tokens != request.num_tokens:
+                continue  # a prefill chunk that did not reach the end of the sequence
+            request.token_times_s.append(now)
+            reason = None
+            if sampled is not None:
+                token = sampled[request.request_id]
+                request.output_token_ids.append(token)
+                params = request.sampling
+                if not params.ignore_eos and token in params.stop_token_ids:
+                    reason = FinishReason.STOP
+            if reason is None and len(request.token_times_s) >= request.max_new_tokens:
+                reason = FinishReason.LENGTH
+            if reason is None:
+                continue
+            if self._static:
+                # The row stays in the batch as padding and keeps its KV until the batch
+                # ends; its response is returned then (Orca's critique of static batching).
+                request.status = RequestStatus.FINISHED
+                request.finish_reason = reason
+                del self._live[request.request_id]
+            else:
+                finished.append(request)
+                self._finish(request, reason, now)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        elif self._static and self.running and all(r.is_finished for r in self.running):
+            finished = self._end_static_batch(now)
+        return finished
+
+    def _end_static_batch(self, now: float) -> list[Request]:
+        batch, self.running = self.running, []
+        for request in batch:
+            self.block_manager.free(request.request_id)
+            request.finish_s = now
+        return batch
+
+    def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_s = now
+        self._live.pop(request.request_id, None)
+        if self.block_manager.holds(request.request_id):
+            self.block_manager.free(request.request_id)
