@@ -1,1 +1,1 @@
-"""Simulator core: requests, KV block manager, scheduler, engine step, SimPy loop, cost models, metrics."""
+"""Simulator core: requests, KV blocks, scheduler, engine step, SimPy loop, cost models."""

@@ -80,6 +80,10 @@ class Scheduler:
         self._chunked = config.policy == "chunked"
         self._static = config.policy == "static"
         self._reserve = config.reserves_full
+        # Static batching: finished rows of the current batch, kept as padding, and the
+        # totals of their KV lengths (constant while they wait), so a step costs O(active).
+        self._padding: list[Request] = []
+        self._pad_context = self._pad_context_sq = self._pad_context_max = 0
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -177,6 +181,8 @@ class Scheduler:
         """
         bm = self.block_manager
         rid = request.request_id
+        if bm.num_missing(rid, num_tokens) == 0:
+            return True  # the common decode case: the last block has room
         while not bm.can_allocate(rid, num_tokens):
             victim = self.running[-1]
             self._preempt(victim, plan)
@@ -230,7 +236,7 @@ class Scheduler:
 
     def _schedule_static(self, plan: BatchPlan, now: float) -> None:
         """Batch at a time: a new batch only once every row of the last one finished."""
-        if not self.running:
+        if not self.running and not self._padding:
             bm = self.block_manager
             while self.waiting and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
@@ -241,16 +247,13 @@ class Scheduler:
                 self.waiting.popleft()
                 self._start(request, plan, now)
         for request in self.running:
-            if request.status is RequestStatus.FINISHED:
-                plan.padding.append(request)
-                plan.decode_seqs += 1
-                ctx = request.num_tokens
-                plan.decode_context += ctx
-                plan.decode_context_sq += ctx * ctx
-                if ctx > plan.decode_context_max:
-                    plan.decode_context_max = ctx
-            else:
-                self._add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
+            self._add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
+        if self._padding:  # finished rows: computed like decodes, their totals kept running
+            plan.padding = self._padding.copy()
+            plan.decode_seqs += len(self._padding)
+            plan.decode_context += self._pad_context
+            plan.decode_context_sq += self._pad_context_sq
+            plan.decode_context_max = max(plan.decode_context_max, self._pad_context_max)
 
     # ---- plan bookkeeping ----------------------------------------------------------------
 
@@ -259,7 +262,7 @@ class Scheduler:
         plan.num_scheduled_tokens[request.request_id] = n
         plan.requests.append(request)
         ctx = request.num_computed_tokens + n  # KV length attended over after this step
-        if n == 1 and request.num_computed_tokens + 1 == request.num_tokens:
+        if n == 1 and ctx == request.prompt_len + len(request.token_times_s):
             plan.decode_seqs += 1
             plan.decode_context += ctx
             plan.decode_context_sq += ctx * ctx
@@ -291,7 +294,7 @@ class Scheduler:
         counts = plan.num_scheduled_tokens
         for request in plan.requests:
             request.num_computed_tokens += counts[request.request_id]
-            if request.num_computed_tokens != request.num_tokens:
+            if request.num_computed_tokens != request.prompt_len + len(request.token_times_s):
                 continue  # a prefill chunk that did not reach the end of the sequence
             request.token_times_s.append(now)
             reason = None
@@ -305,23 +308,32 @@ class Scheduler:
                 reason = FinishReason.LENGTH
             if reason is None:
                 continue
+            finished.append(request)
             if self._static:
-                # The row stays in the batch as padding and keeps its KV until the batch
-                # ends; its response is returned then (Orca's critique of static batching).
-                request.status = RequestStatus.FINISHED
-                request.finish_reason = reason
-                del self._live[request.request_id]
+                self._pad(request, reason)
             else:
-                finished.append(request)
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-        elif self._static and self.running and all(r.is_finished for r in self.running):
-            finished = self._end_static_batch(now)
+            if self._static:
+                finished = self._end_static_batch(now) if not self.running else []
         return finished
 
+    def _pad(self, request: Request, reason: FinishReason) -> None:
+        """Static: a finished row stays in the batch as padding and keeps its KV until the
+        batch ends; its response is returned then (Orca's critique of static batching)."""
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self._live[request.request_id]
+        self._padding.append(request)
+        ctx = request.prompt_len + len(request.token_times_s)
+        self._pad_context += ctx
+        self._pad_context_sq += ctx * ctx
+        self._pad_context_max = max(self._pad_context_max, ctx)
+
     def _end_static_batch(self, now: float) -> list[Request]:
-        batch, self.running = self.running, []
+        batch, self._padding = self._padding, []
+        self._pad_context = self._pad_context_sq = self._pad_context_max = 0
         for request in batch:
             self.block_manager.free(request.request_id)
             request.finish_s = now

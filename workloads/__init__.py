@@ -1,1 +1,66 @@
 """Workloads: request traces (real and synthetic), loaders, generators, transforms."""
+
+from workloads.bundled import BUNDLED, load_bundled
+from workloads.generators import (
+    Empirical,
+    Fixed,
+    LengthDist,
+    LogNormal,
+    Pareto,
+    SyntheticSpec,
+    Uniform,
+    gamma_arrivals_s,
+    generate_trace,
+    poisson_arrivals_s,
+)
+from workloads.loaders import FORMATS, detect_format, load_trace
+from workloads.sources import open_trace
+from workloads.spec import SPEC_HELP, SpecError, is_synthetic_spec, parse_spec
+from workloads.summary import TraceSummary, format_summary, summarize
+from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
+from workloads.transforms import (
+    TraceTransforms,
+    clip_lengths,
+    head,
+    scale_lengths,
+    scale_qps,
+    time_window,
+)
+from workloads.validate import TraceError
+from workloads.writers import save_trace
+
+__all__ = [
+    "BUNDLED",
+    "FORMATS",
+    "PREFIX_BLOCK_TOKENS",
+    "SPEC_HELP",
+    "Empirical",
+    "Fixed",
+    "LengthDist",
+    "LogNormal",
+    "Pareto",
+    "SpecError",
+    "SyntheticSpec",
+    "Trace",
+    "TraceError",
+    "TraceSummary",
+    "TraceTransforms",
+    "Uniform",
+    "clip_lengths",
+    "detect_format",
+    "format_summary",
+    "gamma_arrivals_s",
+    "generate_trace",
+    "head",
+    "is_synthetic_spec",
+    "load_bundled",
+    "load_trace",
+    "open_trace",
+    "parse_spec",
+    "poisson_arrivals_s",
+    "save_trace",
+    "scale_lengths",
+    "scale_qps",
+    "summarize",
+    "time_window",
+]

@@ -1,0 +1,41 @@
+"""`servelab` entry point: one subparser per subcommand, errors as one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from servelab import cmd_simulate, cmd_trace
+
+# Each subcommand module exposes register(subparsers); register() sets args.func.
+COMMANDS = (cmd_trace, cmd_simulate)
+
+
+class CliError(Exception):
+    """A user error the CLI reports as one line."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="servelab",
+        description="A lab for LLM serving schedulers: simulate, run and compare policies.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ValueError, OSError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"servelab {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"servelab {args.command}: interrupted", file=sys.stderr)
+        return 130

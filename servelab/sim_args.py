@@ -1,0 +1,108 @@
+"""Arguments shared by the subcommands that run a scheduler: limits, deployment, outputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from sim.metrics import Slo
+from sim.scheduler import POLICIES, SchedulerConfig
+
+
+def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    """--max-num-seqs, --num-blocks, --block-size, --token-budget, --max-model-len."""
+    group = parser.add_argument_group("scheduler")
+    group.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
+    group.add_argument("--num-blocks", type=int, default=None,
+                       help="KV pool in blocks (default: memory left after weights)")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    group.add_argument("--token-budget", type=int, default=None,
+                       help="most tokens per step (default: 2048 chunked, else max-model-len)")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="prompt+output limit per request (default: the model's, <= 8192)")
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    """--json, --out and the goodput SLOs."""
+    parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="directory for per-request/per-step tables and charts")
+    parser.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
+    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
+
+
+def parse_policies(text: str) -> list[str]:
+    """'a,b' -> ['a', 'b'], each a known policy, no repeats."""
+    policies = [p.strip() for p in text.split(",") if p.strip()]
+    if not policies:
+        raise ValueError("--policies is empty")
+    for policy in policies:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if len(set(policies)) != len(policies):
+        raise ValueError(f"--policies repeats a policy: {text}")
+    return policies
+
+
+def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
+                     max_model_len: int) -> SchedulerConfig:
+    """The SchedulerConfig the flags describe (validated by SchedulerConfig itself)."""
+    return SchedulerConfig(
+        policy=policy,
+        num_blocks=args.num_blocks if args.num_blocks is not None else num_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
+        token_budget=args.token_budget,
+    )
+
+
+def slo_from_args(args: argparse.Namespace) -> Slo | None:
+    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
+        return None
+    return Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write JSON through a temporary file so a failure never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+SUMMARY_ROWS = (
+    ("completed", "{:d}"), ("rejected", "{:d}"), ("failed", "{:d}"),
+    ("duration_s", "{:.1f}"), ("request_throughput", "{:.2f}"),
+    ("output_throughput", "{:.1f}"), ("total_token_throughput", "{:.1f}"),
+    ("median_ttft_ms", "{:.1f}"), ("p95_ttft_ms", "{:.1f}"), ("p99_ttft_ms", "{:.1f}"),
+    ("median_tpot_ms", "{:.2f}"), ("median_itl_ms", "{:.2f}"), ("p99_itl_ms", "{:.2f}"),
+    ("median_e2el_ms", "{:.1f}"), ("p99_e2el_ms", "{:.1f}"), ("goodput", "{:.2f}"),
+    ("preemptions", "{:d}"), ("mean_batch_size", "{:.1f}"), ("max_batch_size", "{:d}"),
+    ("mean_kv_usage", "{:.1%}"), ("slot_utilization", "{:.1%}"),
+)
+
+
+def format_summaries(results: dict[str, dict]) -> str:
+    """A human table: one column per policy, one row per summary key."""
+    names = list(results)
+    width = max(12, *(len(n) for n in names))
+    lines = [f"{'metric':<24}" + "".join(f"{n:>{width + 2}}" for n in names)]
+    for key, fmt in SUMMARY_ROWS:
+        if not any(key in r for r in results.values()):
+            continue
+        cells = []
+        for name in names:
+            value = results[name].get(key)
+            cells.append("-" if value is None else fmt.format(value))
+        lines.append(f"{key:<24}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    return "\n".join(lines)

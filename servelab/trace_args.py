@@ -1,0 +1,71 @@
+"""The trace arguments every trace-reading subcommand shares, and loading a trace from them."""
+
+from __future__ import annotations
+
+import argparse
+
+from workloads import BUNDLED, FORMATS, SPEC_HELP, Trace, TraceTransforms, open_trace
+
+TRACE_EPILOG = f"""\
+TRACE is one of:
+  a bundled trace      {", ".join(BUNDLED)}
+  a trace file         Azure LLM inference CSV, Mooncake JSONL, or servelab's own
+                       schema as .csv/.jsonl/.parquet; the format is detected from the
+                       content (force it with --format)
+  a synthetic spec     see below
+
+Transforms run in this order: --start-s/--end-s window (re-zeroed), --max-requests,
+--qps-scale, --length-scale, --max-prompt-len/--max-output-len.
+Arrival times must be non-decreasing; equal times are fine, a time that goes backwards
+is an error naming its line.
+
+{SPEC_HELP}"""
+
+
+# The transform flags: (flag, type, default, metavar, help); TraceTransforms has the fields.
+_TRANSFORM_FLAGS = (
+    ("--start-s", float, 0.0, "S", "drop requests arriving before S seconds"),
+    ("--end-s", float, None, "S", "drop requests arriving at or after S seconds"),
+    ("--max-requests", int, None, "N", "keep the first N requests"),
+    ("--qps-scale", float, 1.0, "X", "multiply the arrival rate by X (X > 1 compresses gaps)"),
+    ("--length-scale", float, 1.0, "X", "multiply prompt and output lengths by X (rounded)"),
+    ("--max-prompt-len", int, None, "N", "clip prompt lengths to N tokens"),
+    ("--max-output-len", int, None, "N", "clip output lengths to N tokens"),
+)
+
+
+def add_trace_args(parser: argparse.ArgumentParser, positional: bool) -> None:
+    """Add TRACE (positional, or --trace), --format, --seed and the transforms to `parser`."""
+    group = parser.add_argument_group("trace")
+    what = "bundled name, file or synthetic spec"
+    if positional:
+        group.add_argument("trace", metavar="TRACE", help=what)
+    else:
+        group.add_argument("--trace", metavar="TRACE", required=True, help=what)
+    group.add_argument(
+        "--format", choices=FORMATS, help="force the file format instead of detecting it"
+    )
+    group.add_argument(
+        "--seed", type=int, default=0, help="random seed: synthetic traces and the run (default 0)"
+    )
+    for flag, kind, default, metavar, help_text in _TRANSFORM_FLAGS:
+        group.add_argument(flag, type=kind, default=default, metavar=metavar, help=help_text)
+
+
+def transforms_from_args(args: argparse.Namespace) -> TraceTransforms:
+    """The transforms the parsed arguments ask for."""
+    return TraceTransforms(
+        start_s=args.start_s,
+        end_s=args.end_s,
+        max_requests=args.max_requests,
+        qps_scale=args.qps_scale,
+        length_scale=args.length_scale,
+        max_prompt_len=args.max_prompt_len,
+        max_output_len=args.max_output_len,
+    )
+
+
+def load_trace_from_args(args: argparse.Namespace) -> Trace:
+    """Open the trace and apply the transforms, in the order TRACE_EPILOG documents."""
+    transforms = transforms_from_args(args)  # bad values fail before any file is read
+    return transforms.apply(open_trace(args.trace, args.format, args.seed))

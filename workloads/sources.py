@@ -1,0 +1,40 @@
+"""Open a trace from what a user types: a bundled name, a synthetic spec or a file path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from workloads.bundled import BUNDLED, load_bundled
+from workloads.generators import generate_trace
+from workloads.loaders import load_trace
+from workloads.spec import is_synthetic_spec, parse_spec
+from workloads.trace import Trace
+
+
+def open_trace(source: str, fmt: str | None = None, seed: int = 0) -> Trace:
+    """A bundled name, a `synthetic:` spec (drawn with `seed`) or a trace file (`fmt` forced)."""
+    if is_synthetic_spec(source):
+        if fmt is not None:
+            raise ValueError("a format applies to trace files, not to a synthetic spec")
+        spec = parse_spec(source, resolve=_open_real)
+        return generate_trace(spec, np.random.default_rng(seed), name=source)
+    return _open_real(source, fmt)
+
+
+def _open_real(source: str, fmt: str | None = None) -> Trace:
+    """A bundled or file trace (not synthetic: an empirical() source must be real data)."""
+    if source in BUNDLED:
+        if fmt is not None:
+            raise ValueError(f"a format applies to trace files, not to bundled {source!r}")
+        return load_bundled(source)
+    if is_synthetic_spec(source):
+        raise ValueError(f"empirical({source}): the source must be a bundled name or a file")
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"trace {source!r}: no such file; expected a bundled name "
+            f"({', '.join(BUNDLED)}), a synthetic: spec or a .csv/.jsonl/.parquet file"
+        )
+    return load_trace(path, fmt)

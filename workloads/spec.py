@@ -1,0 +1,168 @@
+"""Parse a synthetic trace spec string, e.g. `synthetic:n=2000,rate=4,prompt=fixed(512)`."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from workloads.generators import (
+    Empirical,
+    Fixed,
+    LengthDist,
+    LogNormal,
+    Pareto,
+    SyntheticSpec,
+    Uniform,
+)
+from workloads.trace import Trace
+
+SPEC_PREFIX = "synthetic:"
+
+SPEC_HELP = """\
+synthetic spec: synthetic:KEY=VALUE,KEY=VALUE,...   (quote it if it has spaces)
+  n=N                  number of requests (required)
+  rate=R               mean arrival rate, requests/s (required)
+  arrival=poisson      exponential inter-arrival gaps (the default)
+  arrival=gamma        gamma gaps with coefficient of variation cv=C (required with
+                       gamma); C > 1 is burstier than Poisson, C = 1 is Poisson
+  prompt=DIST          prompt lengths in tokens (default fixed(512))
+  output=DIST          output lengths in tokens (default fixed(128))
+DIST is one of:
+  fixed(T)             always T tokens
+  uniform(LO,HI)       integers from LO to HI, both included
+  lognormal(MED,SIG)   exp(Normal(ln MED, SIG^2)): median MED tokens, log-space std SIG
+  pareto(MIN,ALPHA)    P(X > x) = (MIN/x)^ALPHA for x >= MIN; ALPHA <= 2: infinite variance
+  empirical(T)         resample the lengths of trace T (a bundled name or a file); when
+                       prompt and output name the same T, whole rows are resampled, so
+                       their correlation is kept
+Lengths are rounded to integers >= 1; --seed N seeds the generator (same seed, same trace).
+example: synthetic:n=2000,rate=4,arrival=gamma,cv=3,prompt=lognormal(1024,0.8),output=pareto(50,1.5)
+"""
+
+KEYS = ("n", "rate", "arrival", "cv", "prompt", "output")
+# name -> (class, its arguments as (NAME, type))
+_DISTS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
+    "fixed": (Fixed, (("T", int),)),
+    "uniform": (Uniform, (("LO", int), ("HI", int))),
+    "lognormal": (LogNormal, (("MED", float), ("SIG", float))),
+    "pareto": (Pareto, (("MIN", float), ("ALPHA", float))),
+}
+_KNOWN_DISTS = "fixed(T), uniform(LO,HI), lognormal(MED,SIG), pareto(MIN,ALPHA), empirical(T)"
+
+
+class SpecError(ValueError):
+    """A synthetic spec that cannot be parsed; the message names the key and value."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"synthetic spec: {problem}")
+
+
+def is_synthetic_spec(text: str) -> bool:
+    """Whether a trace argument is a synthetic spec rather than a name or a path."""
+    return text.startswith(SPEC_PREFIX)
+
+
+def parse_spec(text: str, resolve: Callable[[str], Trace] | None = None) -> SyntheticSpec:
+    """Parse `synthetic:...` (see SPEC_HELP); `resolve` opens empirical(T) sources."""
+    if not is_synthetic_spec(text):
+        raise SpecError(f"must start with {SPEC_PREFIX!r}, got {text!r}")
+    items = _split_items(text[len(SPEC_PREFIX) :])
+    for key in ("n", "rate"):
+        if key not in items:
+            raise SpecError(f"missing {key}= (got {text!r})")
+    arrival = items.get("arrival", "poisson")
+    if arrival not in ("poisson", "gamma"):
+        raise SpecError(f"arrival={arrival!r}: expected poisson or gamma")
+    if arrival == "gamma" and "cv" not in items:
+        raise SpecError("arrival=gamma needs cv=C (the inter-arrival coefficient of variation)")
+    if arrival == "poisson" and "cv" in items:
+        raise SpecError("cv= applies only to arrival=gamma")
+    sources: dict[str, Trace] = {}  # one Trace per source, so prompt/output can share rows
+
+    def open_source(name: str) -> Trace:
+        if resolve is None:
+            raise SpecError("empirical(T) needs a trace loader")
+        if name not in sources:
+            sources[name] = resolve(name)
+        return sources[name]
+
+    prompt = _parse_dist("prompt", items.get("prompt", "fixed(512)"), "prompt_len", open_source)
+    output = _parse_dist("output", items.get("output", "fixed(128)"), "output_len", open_source)
+    try:
+        return SyntheticSpec(
+            num_requests=_number("n", items["n"], int),
+            rate_per_s=_number("rate", items["rate"], float),
+            prompt=prompt,
+            output=output,
+            arrival=arrival,
+            cv=_number("cv", items["cv"], float) if "cv" in items else 1.0,
+        )
+    except SpecError:
+        raise
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _split_items(body: str) -> dict[str, str]:
+    """KEY=VALUE items split at commas outside parentheses; unknown or repeated keys raise."""
+    items, depth, start = {}, 0, 0
+    for position, char in enumerate(body + ","):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char != "," or depth > 0:
+            continue
+        item, start = body[start:position].strip(), position + 1
+        key, equals, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or not key or not value:
+            raise SpecError(f"item {item!r} is not KEY=VALUE")
+        if key not in KEYS:
+            raise SpecError(f"unknown key {key!r} (known: {', '.join(KEYS)})")
+        if key in items:
+            raise SpecError(f"key {key!r} given twice")
+        items[key] = value
+    if depth != 0:
+        raise SpecError(f"unbalanced parentheses in {body!r}")
+    return items
+
+
+def _number(key: str, text: str, kind: type) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise SpecError(f"{key}={text!r} is not {noun}") from None
+    if not math.isfinite(value):
+        raise SpecError(f"{key}={text!r} is not finite")
+    return value
+
+
+def _parse_dist(
+    key: str, value: str, column: str, open_source: Callable[[str], Trace]
+) -> LengthDist:
+    """DIST text -> a length distribution; errors name `key=value`."""
+    match = re.fullmatch(r"(\w+)\((.*)\)", value)
+    if not match:
+        raise SpecError(f"{key}={value!r} is not DIST(ARGS); known: {_KNOWN_DISTS}")
+    name, body = match.group(1), match.group(2)
+    args = [arg.strip() for arg in body.split(",")] if body.strip() else []
+    if name == "empirical":
+        if len(args) != 1:
+            raise SpecError(f"{key}={value!r}: empirical takes one trace, got {len(args)}")
+        return Empirical(open_source(args[0]), column)
+    if name not in _DISTS:
+        raise SpecError(f"{key}={value!r}: unknown distribution {name!r}; known: {_KNOWN_DISTS}")
+    cls, params = _DISTS[name]
+    if len(args) != len(params):
+        names = ",".join(param for param, _ in params)
+        raise SpecError(
+            f"{key}={value!r}: {name} takes {len(params)} arguments ({names}), got {len(args)}"
+        )
+    numbers = [
+        _number(f"{key}={name}({param})", arg, kind)
+        for (param, kind), arg in zip(params, args, strict=True)
+    ]
+    try:
+        return cls(*numbers)
+    except ValueError as exc:
+        raise SpecError(f"{key}={value!r}: {exc}") from None
