@@ -48,6 +48,11 @@ class BlockManager:
         have = len(table) if table is not None else 0
         return max(0, -(-num_tokens // self.block_size) - have)
 
+    def capacity_tokens(self, request_id: str) -> int:
+        """Tokens request_id's blocks can hold now (0 if it holds none)."""
+        table = self._tables.get(request_id)
+        return len(table) * self.block_size if table is not None else 0
+
     def can_allocate(self, request_id: str, num_tokens: int) -> bool:
         """Whether request_id's table can grow to hold num_tokens tokens right now."""
         return self.num_missing(request_id, num_tokens) <= len(self._free)

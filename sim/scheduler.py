@@ -150,18 +150,25 @@ class Scheduler:
     def _schedule_running(self, plan: BatchPlan, budget: int) -> int:
         """Running requests: decodes first, then unfinished prefills (stall-free order)."""
         partial: list[Request] = []
-        for request in list(self.running):
+        decodes: list[Request] = []
+        capacity = self.block_manager.capacity_tokens
+        for request in list(self.running):  # a copy: _make_room may evict from the tail
             if request.status is not RequestStatus.RUNNING:
                 continue  # evicted earlier in this loop
-            if request.num_tokens - request.num_computed_tokens != 1:
+            num_tokens = request.prompt_len + len(request.token_times_s)
+            if num_tokens - request.num_computed_tokens != 1:
                 partial.append(request)
                 continue
             if budget < 1:
                 break
-            if not self._reserve and not self._make_room(request, request.num_tokens, plan):
+            # Victims come from the tail, which this loop has not reached yet: `decodes`
+            # never holds an evicted request.
+            if (not self._reserve and num_tokens > capacity(request.request_id)
+                    and not self._make_room(request, num_tokens, plan)):
                 continue
-            self._add_to_plan(plan, request, 1)
+            decodes.append(request)
             budget -= 1
+        self._add_decodes(plan, decodes)
         for request in partial:
             if budget < 1 or request.status is not RequestStatus.RUNNING:
                 continue
@@ -181,8 +188,6 @@ class Scheduler:
         """
         bm = self.block_manager
         rid = request.request_id
-        if bm.num_missing(rid, num_tokens) == 0:
-            return True  # the common decode case: the last block has room
         while not bm.can_allocate(rid, num_tokens):
             victim = self.running[-1]
             self._preempt(victim, plan)
@@ -246,8 +251,11 @@ class Scheduler:
                 bm.allocate(request.request_id, need)
                 self.waiting.popleft()
                 self._start(request, plan, now)
-        for request in self.running:
-            self._add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
+        if plan.admitted:  # the batch's prefill step
+            for request in self.running:
+                self._add_to_plan(plan, request, request.num_tokens)
+        else:
+            self._add_decodes(plan, self.running)
         if self._padding:  # finished rows: computed like decodes, their totals kept running
             plan.padding = self._padding.copy()
             plan.decode_seqs += len(self._padding)
@@ -256,6 +264,27 @@ class Scheduler:
             plan.decode_context_max = max(plan.decode_context_max, self._pad_context_max)
 
     # ---- plan bookkeeping ----------------------------------------------------------------
+
+    @staticmethod
+    def _add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
+        """Add one-token decodes; the per-row hot path, so totals accumulate in locals."""
+        if not requests:
+            return
+        counts = plan.num_scheduled_tokens
+        context = context_sq = 0
+        context_max = plan.decode_context_max
+        for request in requests:
+            counts[request.request_id] = 1
+            ctx = request.num_computed_tokens + 1
+            context += ctx
+            context_sq += ctx * ctx
+            if ctx > context_max:
+                context_max = ctx
+        plan.requests.extend(requests)
+        plan.decode_seqs += len(requests)
+        plan.decode_context += context
+        plan.decode_context_sq += context_sq
+        plan.decode_context_max = context_max
 
     @staticmethod
     def _add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
@@ -291,9 +320,9 @@ class Scheduler:
         """Apply a finished step at time `now`: new tokens, retirements. Returns finished."""
         sampled = result.sampled_token_ids
         finished: list[Request] = []
-        counts = plan.num_scheduled_tokens
-        for request in plan.requests:
-            request.num_computed_tokens += counts[request.request_id]
+        # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
+        for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
+            request.num_computed_tokens += n
             if request.num_computed_tokens != request.prompt_len + len(request.token_times_s):
                 continue  # a prefill chunk that did not reach the end of the sequence
             request.token_times_s.append(now)
