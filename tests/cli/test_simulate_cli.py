@@ -1,0 +1,102 @@
+"""`servelab simulate` / `compare`, run in-process: results, determinism, outputs, bad values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servelab.cli import main
+
+SUMMARY_KEYS = [
+    "completed", "failed", "total_input", "total_output", "request_throughput",
+    "output_throughput", "total_token_throughput", "rejected", "preemptions",
+    "mean_batch_size", "max_batch_size", "mean_kv_usage", "slot_utilization",
+] + [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+     for s in ("mean", "median", "p90", "p95", "p99")]
+
+SMALL = "synthetic:n=300,rate=40,arrival=gamma,cv=3,prompt=lognormal(800,1),output=pareto(20,1.5)"
+
+
+def run_json(tmp_path: Path, capsys: pytest.CaptureFixture, *argv: str, name: str = "r.json"):
+    path = tmp_path / name
+    code = main([*argv, "--json", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(path.read_text()), path, out
+
+
+def test_compare_on_saturated_conv_trace_ranks_policies(tmp_path, capsys):
+    """At 8x the conv trace's rate the default deployment is saturated."""
+    result, _, out = run_json(tmp_path, capsys, "compare", "--trace", "azure-conv",
+                              "--max-requests", "3000", "--qps-scale", "8")
+    r = result["results"]
+    assert set(r) == {"static", "continuous", "recompute", "chunked"}
+    for summary in r.values():
+        assert set(SUMMARY_KEYS) <= set(summary)
+        assert summary["completed"] + summary["rejected"] == 3000
+    static, cont = r["static"], r["continuous"]
+    assert cont["output_throughput"] > 1.5 * static["output_throughput"]
+    assert cont["median_ttft_ms"] < static["median_ttft_ms"]
+    assert cont["p95_ttft_ms"] < static["p95_ttft_ms"]
+    # Long prompts stall every decode under whole-prompt prefill; chunks bound the stall.
+    assert r["chunked"]["p99_itl_ms"] < 0.5 * r["recompute"]["p99_itl_ms"]
+    assert static["slot_utilization"] < cont["slot_utilization"] == 1.0
+    assert "output_throughput" in out and "chunked" in out
+
+
+def test_same_seed_gives_the_same_json_byte_for_byte(tmp_path, capsys):
+    argv = ["compare", "--trace", SMALL, "--policies", "continuous,chunked", "--workers", "2",
+            "--num-blocks", "300", "--seed"]
+    _, first, _ = run_json(tmp_path, capsys, *argv, "7", name="a.json")
+    _, second, _ = run_json(tmp_path, capsys, *argv, "7", name="b.json")
+    _, other, _ = run_json(tmp_path, capsys, *argv, "8", name="c.json")
+    assert first.read_bytes() == second.read_bytes()
+    assert first.read_bytes() != other.read_bytes()
+
+
+def test_undersized_pool_completes_every_request_with_preemptions(tmp_path, capsys):
+    result, _, _ = run_json(tmp_path, capsys, "compare", "--trace", SMALL, "--num-blocks",
+                            "400", "--max-model-len", "4096", "--policies",
+                            "continuous,recompute,chunked")
+    for policy, summary in result["results"].items():
+        assert summary["completed"] + summary["rejected"] == 300, policy
+        assert summary["failed"] == 0
+    assert result["results"]["recompute"]["preemptions"] > 0
+    assert result["results"]["chunked"]["preemptions"] > 0
+
+
+def test_simulate_out_writes_tables_charts_and_summary(tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    code = main(["simulate", "--trace", SMALL, "--policy", "chunked", "--slo-ttft-ms", "500",
+                 "--slo-tpot-ms", "50", "--out", str(out_dir)])
+    assert code == 0, capsys.readouterr().err
+    names = {p.name for p in out_dir.iterdir()}
+    assert {"requests_chunked.csv", "steps_chunked.parquet", "summary.json", "ttft_cdf.png",
+            "itl_cdf.png", "throughput_latency.png", "timeline.png"} <= names
+    summary = json.loads((out_dir / "summary.json").read_text())["results"]["chunked"]
+    assert 0 <= summary["goodput"] <= summary["request_throughput"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["simulate", "--trace", "azure-code", "--policy", "fifo"], "unknown policy"),
+        (["compare", "--trace", "azure-code", "--policies", "static,lifo"], "unknown policy"),
+        (["simulate", "--trace", "azure-code", "--num-blocks", "0"], "num_blocks"),
+        (["simulate", "--trace", "azure-code", "--policy", "chunked", "--token-budget", "-5"],
+         "token_budget"),
+        (["simulate", "--trace", "no-such-trace"], "no-such-trace"),
+        (["simulate", "--trace", "azure-code", "--hardware", "tpu"], "tpu"),
+        (["compare", "--trace", "azure-code", "--workers", "0"], "--workers"),
+    ],
+)
+def test_bad_cli_values_give_one_line_and_nonzero_exit(argv, needle, capsys, tmp_path):
+    json_path = tmp_path / "never.json"
+    code = main([*argv, "--json", str(json_path)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "error" in lines[0]
+    assert not json_path.exists()
