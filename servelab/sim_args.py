@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from sim.metrics import Slo
 from sim.scheduler import POLICIES, SchedulerConfig
+from workloads.files import atomic_output
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -69,15 +68,8 @@ def slo_from_args(args: argparse.Namespace) -> Slo | None:
 def write_json_atomic(path: Path, payload: dict) -> None:
     """Write JSON through a temporary file so a failure never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_output(path) as temp:
+        temp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 SUMMARY_ROWS = (
