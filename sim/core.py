@@ -116,6 +116,8 @@ class BatchPlan:
     prefill_tokens: int = 0  # tokens of prompt/recompute chunks (every non-decode token)
     prefill_attn: int = 0  # sum over prefill chunks of chunk_len * context_len after it
     prefill_seqs: int = 0  # sequences with a prefill chunk
+    prefill_chunk_max: int = 0  # longest prefill chunk (padded executors pay for it per row)
+    prefill_context_max: int = 0  # longest KV length a prefill chunk attends over
     decode_seqs: int = 0  # sequences decoding one token (padding rows included)
     decode_context: int = 0  # sum of KV lengths read by decodes (padding rows included)
     decode_context_sq: int = 0  # sum of squared decode KV lengths: their spread, for fits

@@ -48,10 +48,12 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
             r.first_scheduled_s if r.first_scheduled_s is not None else np.nan,
             first, finish, r.num_preemptions,
             r.finish_reason.value if r.finish_reason is not None else "unfinished",
+            r.finish_detail,
         ))
     table = pd.DataFrame(rows, columns=[
         "request_id", "arrival_s", "prompt_len", "max_new_tokens", "output_len",
         "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "finish_reason",
+        "finish_detail",
     ])
     table["ttft_ms"] = (table["first_token_s"] - table["arrival_s"]) * 1e3
     table["e2el_ms"] = (table["finish_s"] - table["arrival_s"]) * 1e3

@@ -301,9 +301,14 @@ class Scheduler:
             plan.prefill_tokens += n
             plan.prefill_attn += n * ctx
             plan.prefill_seqs += 1
+            if n > plan.prefill_chunk_max:
+                plan.prefill_chunk_max = n
+            if ctx > plan.prefill_context_max:
+                plan.prefill_context_max = ctx
 
     @staticmethod
     def _unaccount(plan: BatchPlan, request: Request, n: int) -> None:
+        """Take a request's totals back out of the plan (the maxima stay: an upper bound)."""
         ctx = request.num_computed_tokens + n
         if n == 1 and request.num_computed_tokens + 1 == request.num_tokens:
             plan.decode_seqs -= 1
