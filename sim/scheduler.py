@@ -282,6 +282,7 @@ class Scheduler:
                 context_max = ctx
         plan.requests.extend(requests)
         plan.decode_seqs += len(requests)
+        plan.num_sampled += len(requests)
         plan.decode_context += context
         plan.decode_context_sq += context_sq
         plan.decode_context_max = context_max
@@ -291,7 +292,10 @@ class Scheduler:
         plan.num_scheduled_tokens[request.request_id] = n
         plan.requests.append(request)
         ctx = request.num_computed_tokens + n  # KV length attended over after this step
-        if n == 1 and ctx == request.prompt_len + len(request.token_times_s):
+        num_tokens = request.prompt_len + len(request.token_times_s)
+        if ctx == num_tokens:
+            plan.num_sampled += 1
+        if n == 1 and ctx == num_tokens:
             plan.decode_seqs += 1
             plan.decode_context += ctx
             plan.decode_context_sq += ctx * ctx
@@ -310,7 +314,9 @@ class Scheduler:
     def _unaccount(plan: BatchPlan, request: Request, n: int) -> None:
         """Take a request's totals back out of the plan (the maxima stay: an upper bound)."""
         ctx = request.num_computed_tokens + n
-        if n == 1 and request.num_computed_tokens + 1 == request.num_tokens:
+        if ctx == request.num_tokens:
+            plan.num_sampled -= 1
+        if n == 1 and ctx == request.num_tokens:
             plan.decode_seqs -= 1
             plan.decode_context -= ctx
             plan.decode_context_sq -= ctx * ctx

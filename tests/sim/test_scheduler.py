@@ -107,10 +107,13 @@ def test_chunked_prefill_mixes_decodes_first_within_budget():
     sched.add(make("big", 150, 4))
     plan, _ = step(sched)
     assert list(plan.num_scheduled_tokens.items()) == [("a", 1), ("big", 63)]
+    assert (plan.decode_seqs, plan.prefill_seqs, plan.num_sampled) == (1, 1, 1)
     plan, _ = step(sched)
     assert list(plan.num_scheduled_tokens.items()) == [("a", 1), ("big", 63)]
+    assert (plan.prefill_chunk_max, plan.prefill_context_max) == (63, 126)
     plan, _ = step(sched)
     assert plan.num_scheduled_tokens == {"a": 1, "big": 24}
+    assert plan.num_sampled == 2 and plan.prefill_attn == 24 * 150
     assert sched.running[1].num_output_tokens == 1
 
 
