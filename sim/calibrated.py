@@ -1,0 +1,114 @@
+"""A cost model fitted to step times profiled on a real executor (DESIGN.md section 6).
+
+step_s = coefficients . features(plan), with non-negative coefficients fitted by NNLS on
+relative error, so a 2 ms decode step weighs as much as a 2 s prefill. Saved as JSON with
+what it was measured on and how well it fits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.core import BatchPlan, Request, StepResult
+
+# One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
+FEATURES = (
+    "constant",  # per-step overhead: scheduling, input building, Python, launches
+    "tokens",  # every computed row (prefill tokens + decode rows + padding): linear layers
+    "sampled",  # rows with logits: lm_head and sampling
+    "seqs",  # sequences in the step: per-sequence index building and gathers
+    "decode_kv",  # sum of decode KV lengths: KV bytes read
+    "decode_kv_padded",  # decode rows x longest decode KV: a padded kernel's attention area
+    "prefill_attn",  # sum over chunks of chunk_len x KV length: causal attention work
+    "prefill_attn_padded",  # chunks x longest chunk x longest KV: a padded kernel's area
+)
+
+
+def plan_features(plan: BatchPlan) -> list[float]:
+    """The FEATURES of one plan, in order."""
+    return [
+        1.0,
+        float(plan.prefill_tokens + plan.decode_seqs),
+        float(plan.num_sampled),
+        float(plan.prefill_seqs + plan.decode_seqs),
+        float(plan.decode_context),
+        float(plan.decode_seqs * plan.decode_context_max),
+        float(plan.prefill_attn),
+        float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
+    ]
+
+
+def fit_coefficients(features: np.ndarray, durations_s: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error: min ||(X c - y) / y|| with c >= 0."""
+    from scipy.optimize import nnls
+
+    features = np.asarray(features, dtype=float)
+    durations_s = np.asarray(durations_s, dtype=float)
+    if features.ndim != 2 or features.shape[1] != len(FEATURES):
+        raise ValueError(f"features must be [n, {len(FEATURES)}], got {features.shape}")
+    if len(durations_s) != len(features) or np.any(durations_s <= 0):
+        raise ValueError("need one positive duration per feature row")
+    weights = 1.0 / durations_s
+    scale = np.abs(features).max(axis=0)  # condition the columns, then undo
+    scale[scale == 0] = 1.0
+    solution, _ = nnls(features * weights[:, None] / scale, np.ones_like(durations_s),
+                       maxiter=50 * len(FEATURES))
+    return solution / scale
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedCostModel:
+    """A Backend whose step time is a fitted linear model of the plan's features."""
+
+    coefficients: tuple[float, ...]
+    # What it was measured on: model, device, dtype, torch version, processor, threads,
+    # date, block size, KV pool, fit error. Free-form, saved as JSON.
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.coefficients) != len(FEATURES):
+            raise ValueError(f"expected {len(FEATURES)} coefficients ({', '.join(FEATURES)}), "
+                             f"got {len(self.coefficients)}")
+        if any(not c >= 0 for c in self.coefficients):
+            raise ValueError(f"coefficients must be >= 0, got {self.coefficients}")
+
+    def predict(self, plan: BatchPlan) -> float:
+        """Seconds one engine step of `plan` takes; 0 for an empty plan."""
+        if plan.requests or plan.padding:
+            return sum(c * f for c, f in zip(self.coefficients, plan_features(plan),
+                                             strict=True))
+        return 0.0
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        return StepResult(self.predict(plan))
+
+    def free(self, request: Request) -> None:
+        """Nothing to forget."""
+
+    def save(self, path: Path) -> None:
+        """Write the model as JSON (coefficients by feature name, plus meta)."""
+        payload = {"features": dict(zip(FEATURES, self.coefficients, strict=True)),
+                   "meta": self.meta}
+        path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CalibratedCostModel:
+        """Read a model saved by `save`; errors name the file and the bad field."""
+        path = Path(path)
+        try:
+            payload = json.loads(path.read_text())
+            features = payload["features"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a servelab calibration ({exc})") from None
+        missing = [name for name in FEATURES if name not in features]
+        if missing:
+            raise ValueError(f"{path}: calibration lacks features {', '.join(missing)}")
+        try:
+            coefficients = tuple(float(features[name]) for name in FEATURES)
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: calibration features must be numbers") from None
+        return cls(coefficients, dict(payload.get("meta", {})))
