@@ -47,7 +47,7 @@ def simulate_policy(trace: Trace, config: SchedulerConfig, backend: AnalyticCost
     requests = requests_from_trace(trace)
     engine = Engine(Scheduler(config), backend)
     bar = tqdm(total=round(trace.span_s, 1), unit="sim-s", file=sys.stderr,
-               desc=config.policy, disable=not progress, leave=False)
+               desc=config.policy, disable=None if progress else True, leave=False)
     on_step = _progress_hook(bar) if progress else None
     result = run_trace(requests, engine, on_step=on_step)
     bar.close()
@@ -66,7 +66,7 @@ def simulate_policy(trace: Trace, config: SchedulerConfig, backend: AnalyticCost
 def _progress_hook(bar: tqdm):
     count = [0]
 
-    def on_step(now_s: float) -> None:
+    def on_step(now_s: float, _finished: list) -> None:
         count[0] += 1
         if count[0] % 4096 == 0:
             bar.n = min(round(now_s, 1), bar.total)
@@ -146,7 +146,8 @@ def _run_all(trace: Trace, configs: dict[str, SchedulerConfig], backend: Analyti
         futures = {p: pool.submit(simulate_policy, trace, configs[p], backend, slo, keep_tables)
                    for p in policies}
         done = {}
-        with tqdm(total=len(policies), unit="policy", file=sys.stderr, leave=False) as bar:
+        with tqdm(total=len(policies), unit="policy", file=sys.stderr, leave=False,
+                  disable=None) as bar:
             for policy in policies:
                 done[policy] = futures[policy].result()
                 bar.update(1)

@@ -34,9 +34,12 @@ class RunResult:
 def run_trace(
     requests: Sequence[Request],
     engine: Engine,
-    on_step: Callable[[float], None] | None = None,
+    on_step: Callable[[float, list[Request]], None] | None = None,
 ) -> RunResult:
-    """Replay requests (sorted by arrival_s) through the engine until all have finished."""
+    """Replay requests (sorted by arrival_s) through the engine until all have finished.
+
+    on_step, if given, is called after every step with the time and the finished requests.
+    """
     env = simpy.Environment()
     wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
     arrived = [0]
@@ -68,9 +71,9 @@ def run_trace(
             plan, result = stepped
             start_s = env.now
             yield env.timeout(result.duration_s)
-            engine.finish_step(plan, result, start_s)
+            finished = engine.finish_step(plan, result, start_s)
             if on_step is not None:
-                on_step(env.now)
+                on_step(env.now, finished)
 
     env.process(arrivals())
     done = env.process(stepping())

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+
 from sim.core import Request, SamplingParams
 from workloads.trace import Trace
 
 
-def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None) -> list[Request]:
-    """One Request per trace row; EOS is ignored so outputs have the trace's lengths."""
+def request_seed(seed: int, request_id: str) -> int:
+    """A per-request sampling seed from a run seed and the id, stable across processes."""
+    digest = hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
+                        seed_requests: bool = False) -> list[Request]:
+    """One Request per trace row; EOS is ignored so outputs have the trace's lengths.
+
+    With seed_requests, each request samples from its own seed, derived from
+    sampling.seed and its id, so no two requests share a random stream.
+    """
     params = sampling or SamplingParams()
-    arrivals = trace.arrival_s.tolist()
-    prompts = trace.prompt_len.tolist()
-    outputs = trace.output_len.tolist()
+    rows = zip(trace.request_ids, trace.arrival_s.tolist(), trace.prompt_len.tolist(),
+               trace.output_len.tolist(), strict=True)
+    if not seed_requests:
+        return [Request(rid, t, p, o, sampling=params) for rid, t, p, o in rows]
     return [
-        Request(rid, arrival, prompt, output, sampling=params)
-        for rid, arrival, prompt, output in zip(
-            trace.request_ids, arrivals, prompts, outputs, strict=True
-        )
+        Request(rid, t, p, o,
+                sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
+        for rid, t, p, o in rows
     ]
