@@ -177,7 +177,7 @@ class Scheduler:
                 request, request.num_computed_tokens + n, plan
             ):
                 continue
-            self._add_to_plan(plan, request, n)
+            add_to_plan(plan, request, n)
             budget -= n
         return budget
 
@@ -229,7 +229,7 @@ class Scheduler:
             bm.allocate(request.request_id, need)
             waiting.popleft()
             self._start(request, plan, now)
-            self._add_to_plan(plan, request, n)
+            add_to_plan(plan, request, n)
             budget -= n
 
     def _start(self, request: Request, plan: BatchPlan, now: float) -> None:
@@ -253,7 +253,7 @@ class Scheduler:
                 self._start(request, plan, now)
         if plan.admitted:  # the batch's prefill step
             for request in self.running:
-                self._add_to_plan(plan, request, request.num_tokens)
+                add_to_plan(plan, request, request.num_tokens)
         else:
             self._add_decodes(plan, self.running)
         if self._padding:  # finished rows: computed like decodes, their totals kept running
@@ -286,29 +286,6 @@ class Scheduler:
         plan.decode_context += context
         plan.decode_context_sq += context_sq
         plan.decode_context_max = context_max
-
-    @staticmethod
-    def _add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
-        plan.num_scheduled_tokens[request.request_id] = n
-        plan.requests.append(request)
-        ctx = request.num_computed_tokens + n  # KV length attended over after this step
-        num_tokens = request.prompt_len + len(request.token_times_s)
-        if ctx == num_tokens:
-            plan.num_sampled += 1
-        if n == 1 and ctx == num_tokens:
-            plan.decode_seqs += 1
-            plan.decode_context += ctx
-            plan.decode_context_sq += ctx * ctx
-            if ctx > plan.decode_context_max:
-                plan.decode_context_max = ctx
-        else:
-            plan.prefill_tokens += n
-            plan.prefill_attn += n * ctx
-            plan.prefill_seqs += 1
-            if n > plan.prefill_chunk_max:
-                plan.prefill_chunk_max = n
-            if ctx > plan.prefill_context_max:
-                plan.prefill_context_max = ctx
 
     @staticmethod
     def _unaccount(plan: BatchPlan, request: Request, n: int) -> None:
@@ -386,3 +363,27 @@ class Scheduler:
         self._live.pop(request.request_id, None)
         if self.block_manager.holds(request.request_id):
             self.block_manager.free(request.request_id)
+
+
+def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
+    """Schedule n tokens of request in plan and add them to the plan's cost totals."""
+    plan.num_scheduled_tokens[request.request_id] = n
+    plan.requests.append(request)
+    ctx = request.num_computed_tokens + n  # KV length attended over after this step
+    num_tokens = request.prompt_len + len(request.token_times_s)
+    if ctx == num_tokens:
+        plan.num_sampled += 1
+    if n == 1 and ctx == num_tokens:
+        plan.decode_seqs += 1
+        plan.decode_context += ctx
+        plan.decode_context_sq += ctx * ctx
+        if ctx > plan.decode_context_max:
+            plan.decode_context_max = ctx
+    else:
+        plan.prefill_tokens += n
+        plan.prefill_attn += n * ctx
+        plan.prefill_seqs += 1
+        if n > plan.prefill_chunk_max:
+            plan.prefill_chunk_max = n
+        if ctx > plan.prefill_context_max:
+            plan.prefill_context_max = ctx
