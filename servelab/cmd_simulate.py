@@ -22,6 +22,8 @@ from servelab.sim_args import (
     write_json_atomic,
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.calibrated import CalibratedCostModel
+from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
 from sim.metrics import Slo, inter_token_latencies_ms, request_table, step_table, summarize
@@ -41,7 +43,7 @@ class PolicyOutcome:
     tables: object | None = None  # sim.charts.RunTables
 
 
-def simulate_policy(trace: Trace, config: SchedulerConfig, backend: AnalyticCostModel,
+def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
                     slo: Slo | None, keep_tables: bool, progress: bool = False) -> PolicyOutcome:
     """Run one policy over the whole trace (a process-pool worker for compare)."""
     requests = requests_from_trace(trace)
@@ -98,13 +100,30 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default="llama-3-8b", help="model shape preset")
     group.add_argument("--hardware", default="h100", help="GPU preset: a100-80gb, h100, h200")
     group.add_argument("--dtype", default="bf16", help="bf16 or fp16")
+    group.add_argument("--cost-model", type=Path, default=None,
+                       help="a calibration JSON from `servelab calibrate` instead of the "
+                            "analytic model (its KV pool and max length become the defaults)")
     add_output_args(parser)
 
 
+def _backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
+    """The cost model, its default KV blocks and max length, and a one-line description."""
+    if args.cost_model is not None:
+        model = CalibratedCostModel.load(args.cost_model)
+        meta = model.meta
+        if meta.get("block_size", args.block_size) != args.block_size:
+            raise ValueError(f"{args.cost_model}: calibrated with block size "
+                             f"{meta['block_size']}, --block-size is {args.block_size}")
+        where = f"calibrated {meta.get('model', '?')} on {meta.get('hardware', '?')}"
+        return model, meta.get("num_blocks", 4096), meta.get("max_model_len", 2048), where
+    model = AnalyticCostModel.preset(args.model, args.hardware, args.dtype)
+    max_len = min(model.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    where = f"{args.model} on {args.hardware} ({args.dtype})"
+    return model, model.kv_pool_blocks(args.block_size), max_len, where
+
+
 def _run(args: argparse.Namespace, policies: list[str]) -> int:
-    backend = AnalyticCostModel.preset(args.model, args.hardware, args.dtype)
-    num_blocks = backend.kv_pool_blocks(args.block_size)
-    max_model_len = min(backend.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    backend, num_blocks, max_model_len, where = _backend(args)
     configs = {p: scheduler_config(args, p, num_blocks, max_model_len) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
@@ -113,14 +132,13 @@ def _run(args: argparse.Namespace, policies: list[str]) -> int:
     outcomes = _run_all(trace, configs, backend, slo, args.out is not None,
                         getattr(args, "workers", None))
     results = {p: outcomes[p].summary for p in policies}
-    print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; "
-          f"{args.model} on {args.hardware} ({args.dtype}), {configs[policies[0]].num_blocks} "
-          f"KV blocks of {args.block_size}")
+    print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
+          f"{configs[policies[0]].num_blocks} KV blocks of {args.block_size}")
     print(format_summaries(results))
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
-            "model": args.model, "hardware": args.hardware, "dtype": args.dtype,
+            "deployment": where,
             "scheduler": {p: {**asdict(c), "token_budget": c.budget} for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
         },
@@ -134,7 +152,7 @@ def _run(args: argparse.Namespace, policies: list[str]) -> int:
     return 0
 
 
-def _run_all(trace: Trace, configs: dict[str, SchedulerConfig], backend: AnalyticCostModel,
+def _run_all(trace: Trace, configs: dict[str, SchedulerConfig], backend: Backend,
              slo: Slo | None, keep_tables: bool, workers: int | None) -> dict[str, PolicyOutcome]:
     policies = list(configs)
     workers = workers or min(len(policies), os.cpu_count() or 1)

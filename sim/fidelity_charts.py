@@ -1,0 +1,83 @@
+"""Charts of simulator fidelity: measured vs simulated CDFs and the signed error per metric.
+
+Reads finished runs and summaries; the scheduler core never imports this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from sim.metrics import inter_token_latencies_ms, request_table
+from sim.simulation import RunResult
+
+
+def _cdf(ax, values: np.ndarray, label: str, style: str, color: str) -> None:
+    values = np.sort(values[np.isfinite(values) & (values > 0)])
+    if values.size:
+        ax.plot(values, np.arange(1, values.size + 1) / values.size, style, color=color,
+                label=label)
+
+
+def _completed_ttft(run: RunResult) -> np.ndarray:
+    table = request_table(run.requests)
+    return table.loc[table["finish_reason"].isin(["length", "stop"]), "ttft_ms"].to_numpy()
+
+
+def cdf_overlay(runs: dict[str, tuple[RunResult, RunResult]], out_dir: Path,
+                title: str) -> Path:
+    """TTFT and ITL CDFs per policy, measured solid and simulated dashed."""
+    fig = Figure(figsize=(6 * len(runs), 8), layout="constrained")
+    axes = fig.subplots(2, len(runs), squeeze=False)
+    for col, (policy, (measured, simulated)) in enumerate(runs.items()):
+        for row, (name, values) in enumerate((("TTFT", _completed_ttft),
+                                             ("ITL", inter_token_latencies_ms))):
+            ax = axes[row, col]
+            _cdf(ax, values(measured) if name == "TTFT" else values(measured.requests),
+                 "measured", "-", "C0")
+            _cdf(ax, values(simulated) if name == "TTFT" else values(simulated.requests),
+                 "simulated", "--", "C1")
+            ax.set_xscale("log")
+            ax.set_xlabel(f"{name} (ms, log)")
+            ax.set_ylabel("fraction of requests" if name == "TTFT" else "fraction of gaps")
+            ax.set_title(f"{policy}: {name}")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right")
+    fig.suptitle(f"Measured vs simulated latency distributions\n{title}")
+    path = out_dir / "fidelity_cdf.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def error_bars(results: dict, out_dir: Path, title: str) -> Path:
+    """Signed relative error per metric and policy, with the 5% and 15% bands."""
+    metrics = list(next(iter(results.values()))["error"])
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(results)
+    x = np.arange(len(metrics))
+    for i, (policy, result) in enumerate(results.items()):
+        errors = [100 * (result["error"][m] or 0.0) for m in metrics]
+        ax.bar(x + (i - (len(results) - 1) / 2) * width, errors, width, label=policy)
+    ax.axhspan(-5, 5, color="green", alpha=0.1, label="within 5%")
+    for bound in (-15, 15):
+        ax.axhline(bound, color="red", linestyle=":", linewidth=1)
+    ax.set_xticks(x, [m.removesuffix("_ms") for m in metrics], rotation=20)
+    ax.set_ylabel("simulated vs measured (%, signed)")
+    every = [abs(r["error"][m]) for r in results.values() for m in metrics
+             if r["error"][m] is not None]
+    median = 100 * float(np.median(every)) if every else float("nan")
+    ax.set_title(f"Simulator error per metric: median |error| {median:.1f}%\n{title}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    path = out_dir / "fidelity_errors.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_fidelity_charts(results: dict, runs: dict[str, tuple[RunResult, RunResult]],
+                          out_dir: Path, title: str) -> list[Path]:
+    """Both fidelity charts; returns their paths."""
+    return [cdf_overlay(runs, out_dir, title), error_bars(results, out_dir, title)]
