@@ -6,10 +6,20 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from servelab import cmd_simulate, cmd_trace
+from servelab import (
+    cmd_bench_serve,
+    cmd_calibrate,
+    cmd_run,
+    cmd_serve,
+    cmd_simulate,
+    cmd_trace,
+    cmd_validate,
+)
 
 # Each subcommand module exposes register(subparsers); register() sets args.func.
-COMMANDS = (cmd_trace, cmd_simulate)
+COMMANDS = (
+    cmd_trace, cmd_simulate, cmd_run, cmd_calibrate, cmd_validate, cmd_serve, cmd_bench_serve,
+)
 
 
 class CliError(Exception):

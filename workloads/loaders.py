@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from workloads.files import read_csv_rows, read_first_line, read_json_lines, require_columns
+from workloads.sqlite import SQLITE_MAGIC, read_request_log
 from workloads.trace import Trace
 from workloads.validate import (
     OPTIONAL_COLUMNS,
@@ -55,6 +56,8 @@ def detect_format(path: str | Path) -> str:
     first = read_first_line(path).lstrip(b"\xef\xbb\xbf")
     if first.startswith(b"PAR1"):
         return "parquet"
+    if first.startswith(SQLITE_MAGIC):
+        return "sqlite"
     text = first.decode("utf-8", errors="replace").strip()
     if not text:
         raise TraceError(str(path), "file is empty", line=1)
@@ -198,5 +201,6 @@ READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     "csv": read_own_csv,
     "jsonl": read_own_jsonl,
     "parquet": read_own_parquet,
+    "sqlite": read_request_log,
 }
 FORMATS = tuple(READERS)

@@ -1,0 +1,96 @@
+"""ModelBackend: the measured Backend that runs each BatchPlan through the real model.
+
+A step's duration is the wall time of everything the backend does for it (building index
+tensors, the forward, sampling), read after a CUDA synchronize, so the measured run's clock
+includes the executor's own overhead.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from executor.batch import build_step_inputs, segments_from_plan
+from executor.config import ModelArgs
+from executor.kv_cache import KVCache
+from executor.model import Transformer
+from executor.sampling import Sampler
+from executor.weights import load_hf_model, random_model
+from sim.block_manager import BlockManager
+from sim.core import BatchPlan, Request, StepResult
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str | None = None) -> torch.device:
+    """`cpu`, `cuda[:N]`, or None/`auto` (CUDA when available)."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r} is not supported; use cpu or cuda")
+    return device
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """A dtype name, or None/`auto`: float32 on CPU, bfloat16 on CUDA."""
+    if name in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}") from None
+
+
+def load_model(model: str, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.float32, seed: int = 0) -> Transformer:
+    """A preset name (random weights from seed) or a Hugging Face checkpoint directory."""
+    if Path(model).is_dir():
+        return load_hf_model(model, device, dtype)
+    return random_model(ModelArgs.from_preset(model), seed, device, dtype)
+
+
+class ModelBackend:
+    """Executes plans on a Transformer whose paged KV follows the scheduler's BlockManager."""
+
+    def __init__(self, model: Transformer, block_manager: BlockManager,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        weight = model.tok_embeddings
+        self.device = torch.device(device) if device is not None else weight.device
+        self.dtype = dtype or weight.dtype
+        if weight.device != self.device or weight.dtype != self.dtype:
+            model = model.to(self.device, self.dtype)
+            model.tie_weights()
+            model.pack_weights()
+        self.model = model
+        self.block_manager = block_manager
+        self.kv = KVCache(model.args, block_manager.num_blocks, block_manager.block_size,
+                          self.device, self.dtype)
+        self.sampler = Sampler(self.device)
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        """Run one step: forward every scheduled token, sample where a sequence ends."""
+        start = time.perf_counter()
+        segments = segments_from_plan(plan)
+        if not segments:
+            return StepResult(time.perf_counter() - start, {})
+        with torch.inference_mode():
+            inputs = build_step_inputs(segments, self.block_manager, self.model.args,
+                                       self.device)
+            sampling = [s.request for s in segments if s.samples]
+            logits = self.model(inputs, self.kv)  # [S, vocab]
+            tokens = self.sampler.sample(logits, sampling) if sampling else []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        return StepResult(time.perf_counter() - start, sampled)
+
+    def free(self, request: Request) -> None:
+        """Drop the request's sampling generator; its KV blocks belong to the BlockManager."""
+        self.sampler.free(request.request_id)

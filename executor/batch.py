@@ -1,0 +1,160 @@
+"""Turn a BatchPlan into the index tensors of one ragged forward (StepInputs).
+
+All tokens of a step are flattened into T rows for the linear layers. For attention the
+sequences form groups (one-token rows apart from prefill chunks, split by context length in
+powers of two), each padded to `q_pad` query rows and `kv_pad` keys so one batched matmul
+serves the group. The padding rules keep every row's arithmetic independent of its batch
+(see attention.py): `q_pad * group_size >= MIN_GEMM_ROWS`, `kv_pad % KV_PAD_MULTIPLE == 0`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from executor.config import ModelArgs
+from sim.block_manager import BlockManager
+from sim.core import BatchPlan, Request
+
+MIN_GEMM_ROWS = 4  # MKL picks other kernels below 4 rows; pad attention matmuls to >= 4
+KV_PAD_MULTIPLE = 16  # keys padded to whole SIMD vectors, so softmax sums never change order
+# Sequences are grouped by context length in powers of two from here up, so one long
+# context does not make every short one gather and attend over its padding.
+BUCKET_MIN_CONTEXT = 64
+
+
+@dataclass(slots=True)
+class Segment:
+    """One sequence's share of a step: n tokens at positions c..c+n-1."""
+
+    request: Request
+    start: int  # c: tokens already in the KV cache
+    num_tokens: int  # n
+    samples: bool  # c + n == request.num_tokens: this step ends the sequence
+
+
+@dataclass(slots=True)
+class AttnGroup:
+    """Sequences attended in one batched matmul, padded to q_pad queries and kv_pad keys."""
+
+    blocks: torch.Tensor  # [B, kv_pad // block_size] block ids, 0-padded
+    q_index: torch.Tensor  # [B * q_pad] step row of each query (pads repeat the last row)
+    bias: torch.Tensor  # [B, q_pad, kv_pad] float32: 0 where the key is visible, else -inf
+    out_index: torch.Tensor  # [R] index into the B * q_pad queries of each real row
+    rows: torch.Tensor  # [R] step row of each real query
+    num_seqs: int
+    q_pad: int
+    kv_pad: int
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything one forward needs besides weights and the KV cache."""
+
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] KV slot of each token: block_id * block_size + offset
+    logit_rows: torch.Tensor  # [S] rows whose logits are computed
+    groups: list[AttnGroup]
+    num_tokens: int  # T
+
+
+def segments_from_plan(plan: BatchPlan) -> list[Segment]:
+    """The plan's sequences in order; static padding rows recompute their last position."""
+    segments = []
+    for request in plan.requests:
+        start = request.num_computed_tokens
+        n = plan.num_scheduled_tokens[request.request_id]
+        segments.append(Segment(request, start, n, start + n == request.num_tokens))
+    for request in plan.padding:
+        segments.append(Segment(request, request.num_tokens - 1, 1, False))
+    return segments
+
+
+def _token_slice(request: Request, start: int, n: int) -> list[int]:
+    """Tokens start..start+n-1 of prompt + output, without copying the whole sequence."""
+    prompt = request.prompt_token_ids
+    if prompt is None:
+        raise ValueError(f"request {request.request_id} has no prompt_token_ids")
+    p, out = len(prompt), request.output_token_ids
+    if start + n > p + len(out):
+        raise ValueError(f"request {request.request_id}: step asks for tokens "
+                         f"{start}..{start + n - 1} of a {p + len(out)}-token sequence")
+    if start + n <= p:
+        return prompt[start:start + n]
+    if start >= p:
+        return out[start - p:start - p + n]
+    return prompt[start:] + out[:start + n - p]
+
+
+def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args: ModelArgs,
+                      device: torch.device, all_logits: bool = False) -> StepInputs:
+    """Flatten segments into StepInputs; all_logits computes logits for every row (tests)."""
+    bs = block_manager.block_size
+    starts = np.fromiter((s.start for s in segments), np.int64, len(segments))
+    lens = np.fromiter((s.num_tokens for s in segments), np.int64, len(segments))
+    ends = np.cumsum(lens)
+    row_start = ends - lens
+    total = int(ends[-1])
+    seq_of_row = np.repeat(np.arange(len(segments)), lens)
+    positions = np.arange(total) + (starts - row_start)[seq_of_row]
+    kv_step = KV_PAD_MULTIPLE // math.gcd(bs, KV_PAD_MULTIPLE)  # blocks per pad unit
+    need = -(-(starts + lens) // bs)  # blocks covering each context
+    tables = np.zeros((len(segments), int(need.max()) + kv_step), dtype=np.int64)
+    for i, segment in enumerate(segments):
+        table = block_manager.block_table(segment.request.request_id)[: need[i]]
+        tables[i, : len(table)] = table
+    slots = tables[seq_of_row, positions // bs] * bs + positions % bs
+    tokens = [t for s in segments for t in _token_slice(s.request, s.start, s.num_tokens)]
+    if all_logits:
+        logit_rows = np.arange(total)
+    else:
+        logit_rows = (ends - 1)[np.fromiter((s.samples for s in segments), bool, len(segments))]
+    q_min = -(-MIN_GEMM_ROWS // args.group_size)
+    groups = []
+    bucket = np.ceil(np.log2(np.maximum(starts + lens, BUCKET_MIN_CONTEXT))).astype(np.int64)
+    for member in (lens == 1, lens > 1):  # one-token rows and prefill chunks apart
+        for key in np.unique(bucket[member]):
+            idx = np.flatnonzero(member & (bucket == key))
+            groups.append(_group(idx, starts, lens, row_start, tables, need, bs, kv_step,
+                                 q_min, args.sliding_window, device))
+    return StepInputs(
+        token_ids=_tensor(np.array(tokens, dtype=np.int64), device),
+        positions=_tensor(positions, device), slots=_tensor(slots, device),
+        logit_rows=_tensor(logit_rows, device), groups=groups, num_tokens=total,
+    )
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A step-owned numpy array as a tensor: shared memory on CPU, one copy to a GPU."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+
+
+def _group(idx: np.ndarray, starts: np.ndarray, lens: np.ndarray, row_start: np.ndarray,
+           tables: np.ndarray, need: np.ndarray, bs: int, kv_step: int, q_min: int,
+           sliding_window: int | None, device: torch.device) -> AttnGroup:
+    n, c, first = lens[idx], starts[idx], row_start[idx]
+    q_pad = max(int(n.max()), q_min)
+    num_blocks = -(-int(need[idx].max()) // kv_step) * kv_step
+    kv_pad = num_blocks * bs
+    q_off = np.minimum(np.arange(q_pad), (n - 1)[:, None])  # [B, q_pad]; pads repeat the last
+    limits = (c[:, None] + q_off)[:, :, None]  # last visible key position of each query
+    keys = np.arange(kv_pad)
+    visible = keys <= limits  # [B, q_pad, kv_pad]
+    if sliding_window is not None:
+        visible &= keys > limits - sliding_window
+    # Adding 0 leaves a score bit-exact; an additive mask is ~10x faster than masked_fill.
+    bias = np.where(visible, np.float32(0.0), np.float32(-np.inf))
+    seq = np.repeat(np.arange(len(idx)), n)
+    within = np.arange(len(seq)) - np.repeat(np.cumsum(n) - n, n)
+    return AttnGroup(
+        blocks=_tensor(tables[idx, :num_blocks], device),
+        q_index=_tensor((first[:, None] + q_off).reshape(-1), device),
+        bias=_tensor(bias, device), out_index=_tensor(seq * q_pad + within, device),
+        rows=_tensor(first[seq] + within, device),
+        num_seqs=len(idx), q_pad=q_pad, kv_pad=kv_pad,
+    )

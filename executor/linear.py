@@ -1,0 +1,58 @@
+"""A Linear layer whose rows never depend on how many rows share the call (batch invariance).
+
+On CPU, torch's default GEMM (MKL sgemm) picks a different kernel for 1, 2 and 3 rows than
+for 4 and more, so a token's activations change in the last bits with the batch it runs in,
+which can flip a greedy argmax. oneDNN with a weight prepacked once gives bitwise the same
+row for any row count and is as fast as GEMV for one row, where MKL's small-M GEMM is 3-5x
+slower. `pack()` switches a layer to it; tests/executor checks the invariance on this machine.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def onednn_available() -> bool:
+    """Whether this torch build can prepack CPU weights for oneDNN."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class Linear(nn.Module):
+    """y = x W^T + b, with W [out_features, in_features] as in nn.Linear and HF checkpoints."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        )
+        self._packed: torch.Tensor | None = None  # oneDNN blocked layout of weight (CPU only)
+
+    def pack(self) -> None:
+        """Prepack the weight for oneDNN (CPU float32); a no-op elsewhere (CUDA, bf16, fp16)."""
+        w = self.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32:
+            self._packed = None
+            return
+        if not onednn_available():
+            raise RuntimeError("this torch build lacks oneDNN, needed for batch-invariant linears")
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+
+    def unpack(self) -> None:
+        """Drop the packed copy (call after changing the weight, then pack again)."""
+        self._packed = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, in_features] -> [T, out_features]
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        packed = ", packed" if self._packed is not None else ""
+        bias = self.bias is not None
+        return f"in={self.in_features}, out={self.out_features}, bias={bias}{packed}"

@@ -1,0 +1,91 @@
+"""Profile the executor's step time over a grid of batch shapes, for the calibrated cost model.
+
+Grid: prefill chunks x context lengths, decode batch sizes x context spreads, and mixed
+batches (a chunk riding with decodes). Each point is a BatchPlan built the scheduler's way
+(sim.scheduler.add_to_plan) over requests whose KV blocks are allocated, run several times
+through ModelBackend.execute; the median measured duration is the point's step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from executor.backend import ModelBackend
+from sim.calibrated import plan_features
+from sim.core import BatchPlan, Request
+from sim.scheduler import add_to_plan
+
+# A sequence's share of a profiled step: (tokens already in KV, tokens computed now).
+Share = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """One batch shape: its kind (for reports) and every sequence's share."""
+
+    kind: str  # "prefill", "decode" or "mixed"
+    shares: tuple[Share, ...]
+
+    @property
+    def kv_tokens(self) -> int:
+        return sum(start + n for start, n in self.shares)
+
+
+def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) -> list[ProfilePoint]:
+    """The profiled shapes, capped by the model length and the KV pool."""
+    chunks = (8, 32, 128, 512) if quick else (4, 16, 64, 128, 256, 512, 1024)
+    contexts = (0, 512) if quick else (0, 256, 1024, 1536)
+    batches = (1, 4, 16, 64) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    lengths = (64, 1024) if quick else (32, 256, 1024, 1792)
+    points = [ProfilePoint("prefill", ((c, n),)) for n in chunks for c in contexts]
+    points += [ProfilePoint("prefill", tuple((0, n) for _ in range(4))) for n in chunks[:-1]]
+    for b in batches:
+        for length in lengths:
+            points.append(ProfilePoint("decode", tuple((length, 1) for _ in range(b))))
+            # Spread: one long context among short ones (a padded kernel pays for the long one).
+            spread = ((length, 1),) + tuple((max(8, length // 16), 1) for _ in range(b - 1))
+            points.append(ProfilePoint("decode", spread))
+    for b in batches[1:]:
+        for n in chunks[1::2]:
+            shares = ((256, n),) + tuple((lengths[1], 1) for _ in range(b))
+            points.append(ProfilePoint("mixed", shares))
+    return [p for p in points if max(s + n for s, n in p.shares) < max_model_len
+            and p.kv_tokens <= max_kv_tokens]
+
+
+def _build_plan(point: ProfilePoint, backend: ModelBackend, rng: np.random.Generator
+                ) -> BatchPlan:
+    bm = backend.block_manager
+    vocab = backend.model.args.vocab_size
+    plan = BatchPlan()
+    for i, (start, n) in enumerate(point.shares):
+        length = start + n
+        tokens = rng.integers(3, vocab, length).tolist()
+        request = Request(f"profile-{i}", 0.0, length, 1, prompt_token_ids=tokens)
+        request.num_computed_tokens = start
+        bm.allocate(request.request_id, length)
+        add_to_plan(plan, request, n)
+    return plan
+
+
+def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,
+            seed: int = 0, on_point: Callable[[], None] | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Features [n, len(FEATURES)] and median step seconds [n] of each point."""
+    rng = np.random.default_rng(seed)
+    rows, durations = [], []
+    for point in points:
+        plan = _build_plan(point, backend, rng)
+        backend.execute(plan)  # warm-up: first touch of the blocks and kernels
+        times = [backend.execute(plan).duration_s for _ in range(repeats)]
+        for request in plan.requests:
+            backend.block_manager.free(request.request_id)
+            backend.free(request)
+        rows.append(plan_features(plan))
+        durations.append(float(np.median(times)))
+        if on_point is not None:
+            on_point()
+    return np.asarray(rows), np.asarray(durations)

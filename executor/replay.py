@@ -1,0 +1,23 @@
+"""A measured run: trace requests through the Scheduler with the real model executing steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from executor.backend import ModelBackend
+from executor.model import Transformer
+from executor.prompts import attach_prompt_tokens
+from sim.core import Request
+from sim.engine import Engine
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.simulation import RunResult, run_trace
+
+
+def measured_run(requests: list[Request], config: SchedulerConfig, model: Transformer,
+                 seed: int = 0, prefix_hash_ids: Sequence[Sequence[int] | None] | None = None,
+                 on_step: Callable[[float, list[Request]], None] | None = None) -> RunResult:
+    """Replay requests on the model; the clock advances by each step's measured duration."""
+    attach_prompt_tokens(requests, model.args.vocab_size, seed, prefix_hash_ids)
+    scheduler = Scheduler(config)
+    engine = Engine(scheduler, ModelBackend(model, scheduler.block_manager))
+    return run_trace(requests, engine, on_step=on_step)

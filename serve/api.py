@@ -1,0 +1,81 @@
+"""The FastAPI app: OpenAI-compatible routes, health, metrics and OpenAI-style errors."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from dataclasses import asdict
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from serve.completions import create_completion
+from serve.metrics import CONTENT_TYPE
+from serve.protocol import ApiError, error_body
+from serve.state import ServeState
+
+log = logging.getLogger(__name__)
+
+
+def build_app(state: ServeState) -> FastAPI:
+    """The app over a started engine thread (the caller owns its life cycle)."""
+    app = FastAPI(title="servelab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        key = state.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+            raise ApiError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        authorize(request)
+        return await create_completion(state, request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        authorize(request)
+        card = {"id": state.config.model_name, "object": "model", "created": created,
+                "owned_by": "servelab", "max_model_len": state.config.max_model_len,
+                "vocab_size": state.vocab_size}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        engine = state.engine
+        status = ("dead" if not engine.is_alive else "draining" if engine.draining else "ok")
+        body = {"status": status, **asdict(engine.stats)}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    _add_error_handlers(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_body(str(exc.detail), kind, code=str(exc.status_code))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        body = error_body(f"internal error: {type(exc).__name__}", "server_error")
+        return JSONResponse(body, status_code=500)

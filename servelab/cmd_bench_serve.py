@@ -1,0 +1,83 @@
+"""`servelab bench-serve`: replay a trace against a running server, measured client-side."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from servelab.sim_args import format_summaries, slo_from_args, write_json_atomic
+from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
+
+if TYPE_CHECKING:  # serve (and aiohttp) load only when the command runs
+    from serve.client import BenchConfig, BenchResult
+    from workloads.trace import Trace
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `bench-serve` subcommand."""
+    parser = subparsers.add_parser(
+        "bench-serve", help="replay a trace against an OpenAI-compatible server",
+        description="Send each trace request at its arrival time (synthetic token-id prompts "
+        "of the trace's length, max_tokens = output length, EOS ignored, streamed) and report "
+        "TTFT, ITL, TPOT and E2EL as measured by the client, in simulate's summary keys.",
+        epilog=TRACE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_trace_args(parser, positional=False)
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="model id (default: the server's first)")
+    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="most requests in flight (default: no limit)")
+    parser.add_argument("--timeout-s", type=float, default=3600.0,
+                        help="stop the run after this long; unfinished requests fail")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="prompt token ids are drawn below this (default: the server's)")
+    parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+    parser.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
+    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the trace, replay it, print the summary and write --json."""
+    from serve.client import BenchConfig, summarize_bench
+
+    config = BenchConfig(args.url, args.model, args.api_key, args.max_concurrency,
+                         args.timeout_s)
+    if args.vocab_size is not None and args.vocab_size < 4:
+        raise ValueError(f"--vocab-size must be >= 4, got {args.vocab_size}")
+    trace = load_trace_from_args(args)
+    slo = slo_from_args(args)
+    model, vocab, result = asyncio.run(_bench(trace, config, args.vocab_size, args.seed))
+    summary = summarize_bench(result, slo)
+    print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s against "
+          f"{args.url} ({model})")
+    print(format_summaries({"server": summary}))
+    for error in result.errors[:5]:
+        print(f"  error: {error}")
+    if args.json is not None:
+        write_json_atomic(args.json, {
+            "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+            "config": {"url": args.url, "model": model, "vocab_size": vocab, "seed": args.seed,
+                       "max_concurrency": args.max_concurrency, "timeout_s": args.timeout_s,
+                       "slo": None if slo is None else {"ttft_ms": slo.ttft_ms,
+                                                        "tpot_ms": slo.tpot_ms}},
+            "results": {"server": summary},
+        })
+    return 0
+
+
+async def _bench(trace: Trace, config: BenchConfig, vocab_size: int | None,
+                 seed: int) -> tuple[str, int, BenchResult]:
+    """Ask the server for its model (and vocab), then replay the trace."""
+    from serve.client import bench_requests, make_client, model_card, run_bench
+
+    async with make_client(config) as client:
+        card = await model_card(client, config.model)
+    vocab = vocab_size or card.get("vocab_size")
+    if not vocab:
+        raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
+    result = await run_bench(bench_requests(trace, int(vocab), seed), config)
+    return card["id"], int(vocab), result

@@ -1,0 +1,92 @@
+"""`servelab run`: replay a trace through the scheduler with the real model executing steps.
+
+The clock advances by each step's measured duration, so the run is the simulator's loop
+with a measured backend: scheduling decisions match a simulation given the same durations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from dataclasses import asdict
+
+from tqdm import tqdm
+
+from servelab.model_args import add_model_args, load_model_from_args
+from servelab.sim_args import (
+    add_output_args,
+    add_scheduler_args,
+    format_summaries,
+    parse_policies,
+    scheduler_config,
+    slo_from_args,
+    write_json_atomic,
+)
+from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.core import SamplingParams
+from sim.metrics import summarize
+from sim.workload import requests_from_trace
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser("run", help="replay a trace on the real model (measured)")
+    add_trace_args(run, positional=False)
+    run.add_argument("--policy", default="continuous", help="static|continuous|recompute|chunked")
+    add_scheduler_args(run)
+    add_model_args(run)
+    sampling = run.add_argument_group("sampling (per request; seeded from --seed and its id)")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    add_output_args(run)
+    run.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    (policy,) = parse_policies(args.policy)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              seed=args.seed)
+    trace = load_trace_from_args(args)
+    slo = slo_from_args(args)
+    loaded = load_model_from_args(args)
+    num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
+    config = scheduler_config(args, policy, num_blocks, loaded.max_model_len(args.max_model_len))
+    requests = requests_from_trace(trace, sampling, seed_requests=True)
+    from executor.replay import measured_run
+
+    prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
+    bar = tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False, disable=None)
+    start = time.perf_counter()
+    result = measured_run(requests, config, loaded.model, args.seed, prefixes,
+                          on_step=lambda _now, done: bar.update(len(done)))
+    wall_s = time.perf_counter() - start
+    bar.close()
+    summary = summarize(result, slo)
+    print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; model "
+          f"{loaded.name} on {loaded.device} ({str(loaded.dtype).removeprefix('torch.')}, "
+          f"{loaded.threads} threads), {config.num_blocks} KV blocks of {config.block_size}; "
+          f"{wall_s:.1f} s wall")
+    print(format_summaries({policy: summary}))
+    if args.json is not None:
+        write_json_atomic(args.json, _payload(args, trace, config, loaded, slo, policy, summary))
+    return 0
+
+
+def _payload(args, trace, config, loaded, slo, policy, summary) -> dict:
+    import torch
+
+    return {
+        "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+        "config": {
+            "model": loaded.name, "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."), "threads": loaded.threads,
+            "torch": torch.__version__, "processor": platform.processor() or platform.machine(),
+            "scheduler": {policy: {**asdict(config), "token_budget": config.budget}},
+            "sampling": {"temperature": args.temperature, "top_p": args.top_p,
+                         "top_k": args.top_k, "seed": args.seed},
+            "slo": None if slo is None else asdict(slo),
+        },
+        "results": {policy: summary},
+    }

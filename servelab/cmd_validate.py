@@ -1,0 +1,125 @@
+"""`servelab validate`: one trace measured on the executor and simulated with a calibration.
+
+Prints, per policy, the signed relative error (simulated - measured) / measured of each
+metric: the simulator's accuracy as a number, not a claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from servelab.model_args import add_model_args, load_model_from_args
+from servelab.sim_args import (
+    add_scheduler_args,
+    parse_policies,
+    scheduler_config,
+    write_json_atomic,
+)
+from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.calibrated import CalibratedCostModel
+from sim.engine import Engine
+from sim.metrics import summarize
+from sim.scheduler import Scheduler
+from sim.simulation import RunResult, run_trace
+from sim.workload import requests_from_trace
+
+# The metrics whose simulated value is checked against the measured one.
+VALIDATED = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+             "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    val = subparsers.add_parser("validate", help="measured vs simulated on one trace")
+    add_trace_args(val, positional=False)
+    val.add_argument("--policies", default="static,continuous,recompute,chunked")
+    val.add_argument("--cost-model", type=Path, required=True, help="calibration JSON")
+    add_scheduler_args(val)
+    add_model_args(val)
+    val.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+    val.add_argument("--out", type=Path, default=None, help="CDF overlays and error table")
+    val.set_defaults(func=_run)
+
+
+def signed_errors(measured: dict, simulated: dict) -> dict:
+    """(simulated - measured) / measured per validated metric (None where undefined)."""
+    errors = {}
+    for key in VALIDATED:
+        m, s = measured.get(key), simulated.get(key)
+        errors[key] = None if m in (None, 0) or s is None else (s - m) / m
+    return errors
+
+
+def _run(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policies)
+    cost_model = CalibratedCostModel.load(args.cost_model)
+    trace = load_trace_from_args(args)
+    loaded = load_model_from_args(args)
+    num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
+    max_len = loaded.max_model_len(args.max_model_len)
+    configs = {p: scheduler_config(args, p, num_blocks, max_len) for p in policies}
+    from executor.replay import measured_run
+
+    prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
+    results, runs = {}, {}
+    bar = tqdm(total=len(trace) * len(policies), unit="req", file=sys.stderr, leave=False,
+               disable=None)
+    for policy, config in configs.items():
+        measured = measured_run(requests_from_trace(trace), config, loaded.model, args.seed,
+                                prefixes, on_step=lambda _now, done: bar.update(len(done)))
+        simulated = run_trace(requests_from_trace(trace),
+                              Engine(Scheduler(config), cost_model))
+        m, s = summarize(measured), summarize(simulated)
+        results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s)}
+        runs[policy] = (measured, simulated)
+    bar.close()
+    print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
+          f"({loaded.threads} threads); cost model {args.cost_model}")
+    print(format_errors(results))
+    if args.out is not None:
+        _write_out(args.out, trace.name, results, runs)
+    if args.json is not None:
+        write_json_atomic(args.json, {
+            "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+            "config": {"model": loaded.name, "device": str(loaded.device),
+                       "cost_model": str(args.cost_model), "num_blocks": num_blocks},
+            "results": results,
+        })
+    return 0
+
+
+def format_errors(results: dict) -> str:
+    """Rows of metrics; per policy the measured and simulated values and the signed error."""
+    head = f"{'metric':<20}" + "".join(f"{p:>30}" for p in results)
+    sub = f"{'':<20}" + "".join(f"{'measured':>11}{'simulated':>11}{'error':>8}"
+                                for _ in results)
+    lines = [head, sub]
+    for key in VALIDATED:
+        cells = []
+        for r in results.values():
+            m, s, e = r["measured"].get(key), r["simulated"].get(key), r["error"][key]
+            cells.append(f"{_num(m):>11}{_num(s):>11}{'-' if e is None else f'{e:+.1%}':>8}")
+        lines.append(f"{key:<20}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _write_out(out_dir: Path, title: str, results: dict,
+               runs: dict[str, tuple[RunResult, RunResult]]) -> None:
+    from sim.fidelity_charts import write_fidelity_charts
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"policy": p, "metric": k, "measured": r["measured"].get(k),
+             "simulated": r["simulated"].get(k), "error": r["error"][k]}
+            for p, r in results.items() for k in VALIDATED]
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(out_dir / "fidelity_errors.csv", index=False)
+    paths = write_fidelity_charts(results, runs, out_dir, title)
+    print(f"wrote {len(paths)} charts and fidelity_errors.csv to {out_dir}")

@@ -1,0 +1,50 @@
+"""Helpers for executor tests: requests with synthetic prompts and a direct step driver."""
+
+from __future__ import annotations
+
+import torch
+
+from executor.batch import Segment, build_step_inputs
+from executor.config import ModelArgs
+from executor.kv_cache import KVCache
+from executor.model import Transformer
+from executor.prompts import synth_prompt_tokens
+from sim.block_manager import BlockManager
+from sim.core import Request, SamplingParams
+
+TINY = ModelArgs.from_preset("tiny")
+
+
+def make_request(request_id: str, prompt_len: int, max_new_tokens: int = 8,
+                 sampling: SamplingParams | None = None, vocab_size: int = TINY.vocab_size,
+                 arrival_s: float = 0.0) -> Request:
+    """A request with deterministic synthetic prompt tokens."""
+    tokens = synth_prompt_tokens(request_id, prompt_len, vocab_size)
+    return Request(request_id, arrival_s, prompt_len, max_new_tokens, prompt_token_ids=tokens,
+                   sampling=sampling or SamplingParams())
+
+
+class Driver:
+    """Runs steps of one model over its own BlockManager and KV cache, no scheduler."""
+
+    def __init__(self, model: Transformer, num_blocks: int = 64, block_size: int = 16) -> None:
+        self.model = model
+        self.device = model.tok_embeddings.device
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.kv = KVCache(model.args, num_blocks, block_size, self.device,
+                          model.tok_embeddings.dtype)
+
+    def step(self, chunks: list[tuple[Request, int]], all_logits: bool = True) -> torch.Tensor:
+        """Compute n tokens of each (request, n) from its num_computed_tokens; returns logits."""
+        segments = []
+        for request, n in chunks:
+            start = request.num_computed_tokens
+            self.block_manager.allocate(request.request_id, start + n)
+            segments.append(Segment(request, start, n, start + n == request.num_tokens))
+        with torch.inference_mode():
+            inputs = build_step_inputs(segments, self.block_manager, self.model.args,
+                                       self.device, all_logits=all_logits)
+            logits = self.model(inputs, self.kv)
+        for request, n in chunks:
+            request.num_computed_tokens += n
+        return logits

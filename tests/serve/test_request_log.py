@@ -1,0 +1,120 @@
+"""The SQLite request log: rows, group commits, reading it back as a trace, bench-serve replays."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+
+import numpy as np
+import pytest
+
+from serve.request_log import LogRow, RequestLog
+from servelab.cli import main
+from tests.serve.helpers import start_server
+from workloads import TraceError, detect_format, load_trace
+
+
+def row(i: int, reason: str = "length", output_len: int = 5, tenant: str | None = "a",
+        arrival_s: float | None = None) -> LogRow:
+    arrival = 0.5 * i if arrival_s is None else arrival_s
+    return LogRow(f"cmpl-{i}", 1000.0, arrival, 1000.0 + arrival, 10 + i, 20, output_len,
+                  tenant, 0.01, arrival + 0.2, reason, 200)
+
+
+def test_rows_commit_call_back_and_append_across_restarts(tmp_path):
+    path = tmp_path / "log.sqlite"
+    log = RequestLog(path)
+    durable = threading.Event()
+    log.write(row(0), durable.set)
+    assert durable.wait(5.0)
+    with sqlite3.connect(path) as reader:  # committed: visible to another connection now
+        assert reader.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 1
+    log.close()
+    log = RequestLog(path)  # a restarted server appends
+    for i in range(1, 4):
+        log.write(row(i))
+    log.close()
+    with sqlite3.connect(path) as reader:
+        ids = [r[0] for r in reader.execute("SELECT request_id FROM requests ORDER BY id")]
+    assert ids == ["cmpl-0", "cmpl-1", "cmpl-2", "cmpl-3"]
+
+
+def test_log_loads_as_a_trace_replay_lengths_and_tenants(tmp_path):
+    path = tmp_path / "seen.sqlite"
+    log = RequestLog(path)
+    log.write(row(2, arrival_s=3.0))  # written out of arrival order: sorted on read
+    log.write(row(0, reason="stop", output_len=3, tenant=None, arrival_s=1.0))
+    log.write(row(1, reason="aborted", output_len=2, arrival_s=2.0))
+    log.write(row(3, reason="overloaded", output_len=0, tenant="b", arrival_s=2.5))
+    log.close()
+    assert detect_format(path) == "sqlite"
+    trace = load_trace(path)
+    assert trace.request_ids == ["cmpl-0", "cmpl-1", "cmpl-3", "cmpl-2"]
+    assert trace.arrival_s.tolist() == [0.0, 1.0, 1.5, 2.0]
+    assert trace.prompt_len.tolist() == [10, 11, 13, 12]
+    # Natural finishes replay what was generated; cut-short ones what was asked for.
+    assert trace.output_len.tolist() == [3, 20, 20, 5]
+    assert trace.table["tenant"].tolist() == ["default", "a", "b", "a"]
+
+
+def test_trace_cli_summarizes_a_request_log(tmp_path, capsys):
+    path = tmp_path / "seen.sqlite"
+    log = RequestLog(path)
+    for i in range(5):
+        log.write(row(i))
+    log.close()
+    assert main(["trace", str(path)]) == 0
+    assert "5" in capsys.readouterr().out
+
+
+def test_sqlite_file_that_is_not_a_request_log_is_a_clear_error(tmp_path):
+    path = tmp_path / "other.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (x INTEGER)")
+    with pytest.raises(TraceError, match="not a servelab request log"):
+        load_trace(path)
+    empty = tmp_path / "empty.sqlite"
+    RequestLog(empty).close()
+    with pytest.raises(TraceError, match="no requests"):
+        load_trace(empty)
+
+
+def test_bench_serve_replay_is_logged_with_the_trace_lengths(tiny_model, tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    n = 24
+    arrival = np.sort(rng.uniform(0, 0.5, n)).round(4)
+    arrival -= arrival[0]
+    prompts, outputs = rng.integers(2, 60, n), rng.integers(1, 16, n)
+    tenants = [f"t{i % 3}" for i in range(n)]
+    trace_file = tmp_path / "trace.csv"
+    lines = ["arrival_s,prompt_len,output_len,tenant"]
+    lines += [f"{a},{p},{o},{t}" for a, p, o, t in zip(arrival, prompts, outputs, tenants,
+                                                         strict=True)]
+    trace_file.write_text("\n".join(lines) + "\n")
+    log_path, out = tmp_path / "served.sqlite", tmp_path / "bench.json"
+    with start_server(tiny_model, request_log=log_path) as server:
+        code = main(["bench-serve", "--url", server.url, "--trace", str(trace_file),
+                     "--json", str(out), "--timeout-s", "60"])
+        printed = capsys.readouterr()
+        assert code == 0, printed.err
+        logged = load_trace(log_path)  # while the server runs: every row already committed
+    result = json.loads(out.read_text())
+    assert set(result) == {"trace", "config", "results"}
+    assert result["trace"] == {"name": "trace.csv", "requests": n, "span_s": float(arrival[-1])}
+    summary = result["results"]["server"]
+    assert summary["completed"] == n and summary["failed"] == 0
+    assert summary["total_output"] == int(outputs.sum())
+    for key in ("median_ttft_ms", "p99_itl_ms", "mean_tpot_ms", "p90_e2el_ms"):
+        assert summary[key] is not None and summary[key] > 0
+    assert "median_ttft_ms" in printed.out
+    assert len(logged) == n
+    seen = sorted(zip(logged.prompt_len.tolist(), logged.output_len.tolist(),
+                      logged.table["tenant"], strict=True))
+    sent = sorted(zip(prompts.tolist(), outputs.tolist(), tenants, strict=True))
+    assert seen == sent
+
+
+def test_bench_serve_rejects_a_bad_url(capsys):
+    assert main(["bench-serve", "--url", "localhost:1", "--trace", "azure-conv"]) == 2
+    assert "http://" in capsys.readouterr().err
