@@ -1,0 +1,53 @@
+"""`servelab run`, `calibrate` and `validate` end to end on the tiny model (CPU, seconds)."""
+
+from __future__ import annotations
+
+import json
+
+from servelab.cli import main
+from sim.calibrated import FEATURES
+
+TRACE = "synthetic:n=24,rate=50,prompt=uniform(8,60),output=uniform(2,12)"
+MODEL = ["--model", "tiny", "--threads", "1", "--kv-cache-gib", "0.01"]
+
+
+def test_run_prints_and_saves_the_simulate_summary_keys(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    code = main(["run", "--trace", TRACE, "--policy", "chunked", "--token-budget", "32",
+                 "--max-num-seqs", "8", *MODEL, "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads(out.read_text())["results"]["chunked"]
+    assert summary["completed"] == 24 and summary["failed"] == 0
+    for key in ("output_throughput", "median_ttft_ms", "p99_itl_ms", "mean_kv_usage"):
+        assert summary[key] is not None
+    assert "median_ttft_ms" in capsys.readouterr().out
+
+
+def test_calibrate_then_validate_and_simulate_with_the_calibration(tmp_path, capsys):
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", *MODEL, "--quick", "--repeats", "1", "--out", str(cal)]) == 0
+    saved = json.loads(cal.read_text())
+    assert set(saved["features"]) == set(FEATURES)
+    assert saved["meta"]["model"] == "tiny" and "holdout_error" in saved["meta"]
+    out = tmp_path / "val.json"
+    code = main(["validate", "--trace", TRACE, "--policies", "continuous,static", *MODEL,
+                 "--cost-model", str(cal), "--json", str(out), "--out", str(tmp_path / "v")])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())["results"]
+    assert set(result) == {"continuous", "static"}
+    for policy in result.values():
+        assert policy["measured"]["completed"] == policy["simulated"]["completed"] == 24
+        assert "output_throughput" in policy["error"]
+    assert (tmp_path / "v" / "fidelity_errors.png").exists()
+    sim_json = tmp_path / "sim.json"
+    assert main(["simulate", "--trace", TRACE, "--cost-model", str(cal),
+                 "--json", str(sim_json)]) == 0
+    assert json.loads(sim_json.read_text())["results"]["continuous"]["completed"] == 24
+
+
+def test_validate_rejects_a_bad_calibration_file(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    code = main(["validate", "--trace", TRACE, *MODEL, "--cost-model", str(bad)])
+    assert code == 2
+    assert "not a servelab calibration" in capsys.readouterr().err
