@@ -16,7 +16,8 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scheduler")
     group.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
     group.add_argument("--num-blocks", type=int, default=None,
-                       help="KV pool in blocks (default: memory left after weights)")
+                       help="KV pool in blocks (default: GPU memory left after weights "
+                            "when simulating, --kv-cache-gib on the executor)")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--token-budget", type=int, default=None,
                        help="most tokens per step (default: 2048 chunked, else max-model-len)")
