@@ -5,6 +5,8 @@ arrive at t=0, greedy with EOS ignored. Offline: Scheduler + ModelBackend in a p
 this process. Served: `servelab serve` in a subprocess, driven by the bench-serve client
 (streaming, token-id prompts) from this process. Both run `--repeats` times, alternating;
 the best of each is compared and the served outputs are checked against the offline ones.
+Each run prints the cores it used and those others used meanwhile: on a shared machine a
+run that overlapped someone else's work is not comparable.
 Run: python benchmarks/serve_peer.py [--threads N] [--repeats R] [--policy P]
 """
 
@@ -32,7 +34,7 @@ MODEL, VOCAB, NUM_BLOCKS, MAX_MODEL_LEN = "peer-45m", 32000, 2048, 2048
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: cores)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each side (best counts)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side (best counts)")
     parser.add_argument("--policy", default="continuous", help="continuous|recompute|chunked")
     return parser.parse_args()
 
@@ -126,8 +128,58 @@ def served(url: str, prompts: list[list[int]], outputs: list[int]):
     return summary["output_throughput"], [r.output_token_ids for r in result.requests]
 
 
+class LoadMeter:
+    """Cores busy during a run: ours (this process and the server) and everyone else's.
+
+    The machine is shared; a run that overlapped someone else's work is not comparable.
+    Linux only (/proc); elsewhere the columns read 'n/a'.
+    """
+
+    def __init__(self, server_pid: int) -> None:
+        self.pids = (os.getpid(), server_pid)
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+            ours = 0
+            for pid in self.pids:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ours += int(stat[11]) + int(stat[12])  # utime + stime of all threads
+        except (OSError, ValueError, IndexError):
+            return None
+        busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+        return busy / self.tick, ours / self.tick, time.perf_counter()
+
+    def measure(self, fn):
+        """fn()'s result and a note: '(ours X cores, others Y)'."""
+        before = self._sample()
+        result = fn()
+        after = self._sample()
+        if before is None or after is None:
+            return result, "(load n/a)"
+        wall = after[2] - before[2]
+        ours, busy = (after[1] - before[1]) / wall, (after[0] - before[0]) / wall
+        return result, f"(ours {ours:.2f} cores, others {max(0.0, busy - ours):.2f})"
+
+
 def main() -> None:
     args = parse_args()
+    # Start the server first: a child inherits the CPU affinity of the thread that spawns
+    # it, and pinning torch's threads below binds this one to a single core.
+    server = Server(args.threads, args.policy)
+    try:
+        rates = compare(server, args)
+    finally:
+        server.close()
+    best_offline, best_served = max(rates["offline"]), max(rates["served"])
+    print(f"offline engine (best of {args.repeats})   {best_offline:8.1f} output tok/s")
+    print(f"served over HTTP (best of {args.repeats}) {best_served:8.1f} output tok/s")
+    print(f"ratio served / offline             {best_served / best_offline:8.1%}")
+
+
+def compare(server: Server, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Alternate offline and served runs; their output tokens per second."""
     threads = configure_cpu_threads(args.threads)
     import torch
 
@@ -139,24 +191,19 @@ def main() -> None:
           f"torch {torch.__version__}, policy {args.policy}")
     model = load_model(MODEL, "cpu", torch.float32, seed=0)
     offline(model, prompts[:4], [4] * 4, args.policy)  # warm up kernels and allocator
-    server = Server(args.threads, args.policy)
-    try:
-        served(server.url, prompts[:4], [4] * 4)  # warm up the server the same way
-        rates: dict[str, list[float]] = {"offline": [], "served": []}
-        for repeat in range(args.repeats):
-            rate, reference = offline(model, prompts, outputs, args.policy)
-            rates["offline"].append(rate)
-            rate, got = served(server.url, prompts, outputs)
-            rates["served"].append(rate)
-            same = sum(a == b for a, b in zip(got, reference, strict=True))
-            print(f"repeat {repeat}: offline {rates['offline'][-1]:7.1f} tok/s, served "
-                  f"{rate:7.1f} tok/s; served outputs identical to offline: {same}/32")
-    finally:
-        server.close()
-    best_offline, best_served = max(rates["offline"]), max(rates["served"])
-    print(f"offline engine (best of {args.repeats})  {best_offline:8.1f} output tok/s")
-    print(f"served over HTTP (best of {args.repeats}) {best_served:8.1f} output tok/s")
-    print(f"ratio served / offline            {best_served / best_offline:8.1%}")
+    served(server.url, prompts[:4], [4] * 4)  # warm up the server the same way
+    meter = LoadMeter(server.proc.pid)
+    rates: dict[str, list[float]] = {"offline": [], "served": []}
+    for repeat in range(args.repeats):
+        (rate, reference), load = meter.measure(
+            lambda: offline(model, prompts, outputs, args.policy))
+        rates["offline"].append(rate)
+        print(f"repeat {repeat}: offline {rate:7.1f} tok/s {load}")
+        (rate, got), load = meter.measure(lambda: served(server.url, prompts, outputs))
+        rates["served"].append(rate)
+        same = sum(a == b for a, b in zip(got, reference, strict=True))
+        print(f"          served  {rate:7.1f} tok/s {load}; outputs identical: {same}/32")
+    return rates
 
 
 if __name__ == "__main__":

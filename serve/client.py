@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -125,8 +126,12 @@ async def scrape_preemptions(client: aiohttp.ClientSession) -> int | None:
     return total
 
 
-async def run_bench(requests: list[BenchRequest], config: BenchConfig) -> BenchResult:
-    """Send every request at its time; stop waiting after config.timeout_s."""
+async def run_bench(requests: list[BenchRequest], config: BenchConfig,
+                    on_done: Callable[[], None] | None = None) -> BenchResult:
+    """Send every request at its time; stop waiting after config.timeout_s.
+
+    `on_done` is called as each request ends (a progress bar).
+    """
     async with make_client(config) as client:
         model = (await model_card(client, config.model))["id"]
         before = await scrape_preemptions(client)
@@ -137,6 +142,9 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig) -> BenchR
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(_send(client, model, r, rec, t0, gate, errors))
                  for r, rec in zip(requests, records, strict=True)]
+        if on_done is not None:
+            for task in tasks:
+                task.add_done_callback(lambda _: on_done())
         _, pending = await asyncio.wait(tasks, timeout=config.timeout_s) if tasks else ((), ())
         for task in pending:
             task.cancel()

@@ -82,16 +82,11 @@ def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def _sampling(state: ServeState, body: CompletionRequest) -> SamplingParams:
-    eos = state.tokenizer.eos_token_id
-    # The scheduler checks stop ids only without ignore_eos; under ignore_eos the engine
-    # thread checks the caller's stop ids itself (stop_ids_of).
-    stops = tuple(body.stop_token_ids)
-    if not body.ignore_eos and eos is not None:
-        stops = (eos, *stops)
     return SamplingParams(
         temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
         seed=body.seed if body.seed is not None else state.next_seed(),
-        stop_token_ids=stops, ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids), eos_token_id=state.tokenizer.eos_token_id,
+        ignore_eos=body.ignore_eos,
     )
 
 
@@ -120,10 +115,9 @@ async def create_completion(state: ServeState, http: HttpRequest):
     tenant = http.headers.get("x-tenant") or body.user
     request = build_request(state, body, arrival_s)
     sink = TokenSink(wait_durable=state.request_log is not None)
-    stop_ids = frozenset(body.stop_token_ids) if body.ignore_eos else frozenset()
     try:
         check_lengths(state, request)
-        state.engine.submit(request, sink, tenant, stop_ids)
+        state.engine.submit(request, sink, tenant)
     except ApiError:
         _log_refused(state, request, tenant, "rejected", 400)
         raise

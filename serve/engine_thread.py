@@ -54,7 +54,6 @@ class _Live:
     request: Request
     sink: TokenSink
     tenant: str | None
-    stop_ids: frozenset[int]  # checked here: the scheduler skips stop ids under ignore_eos
     delivered: int = 0  # output tokens handed to the sink so far
 
 
@@ -114,8 +113,7 @@ class EngineThread:
     def draining(self) -> bool:
         return self._draining
 
-    def submit(self, request: Request, sink: TokenSink, tenant: str | None = None,
-               stop_ids: frozenset[int] = frozenset()) -> None:
+    def submit(self, request: Request, sink: TokenSink, tenant: str | None = None) -> None:
         """Queue a request; raise Draining or Overloaded instead of queueing past the limits."""
         with self._cond:
             if self._draining or self._stopping or not self._thread.is_alive():
@@ -124,7 +122,7 @@ class EngineThread:
                 raise Overloaded(f"{self.config.max_waiting} requests are already waiting")
             self._inbox_adds += 1
             self._drained.clear()
-            self._ops.append(("add", _Live(request, sink, tenant, stop_ids)))
+            self._ops.append(("add", _Live(request, sink, tenant)))
             self._cond.notify()
 
     def abort(self, request_id: str) -> None:
@@ -243,10 +241,6 @@ class EngineThread:
                 self.metrics.on_tokens(request, live.delivered)
             live.delivered += len(new)
             rid = request.request_id
-            if rid not in done and live.stop_ids and not live.stop_ids.isdisjoint(new):
-                self.scheduler.abort(rid, FinishReason.STOP, now)
-                self._backend.free(request)
-                done.add(rid)
             if rid in done:
                 self._finish(live, new)
             else:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 import uvicorn
 
@@ -30,6 +31,7 @@ from sim.core import Backend
 from sim.scheduler import Scheduler
 
 BACKLOG = 2048  # uvicorn's default
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,33 @@ class DrainingServer(uvicorn.Server):
             engine.abort_all(f"server shutting down (drain timeout {self._drain_timeout_s} s)")
             await asyncio.to_thread(engine.wait_drained, 5.0)
         self.should_exit = True
+
+
+def call_on_thread(fn: Callable[[], T]) -> T:
+    """Run fn on a short-lived thread; return its result or raise its exception.
+
+    Build the model and its backend this way. OpenMP gives each thread that runs a parallel
+    torch op its own pool of workers, alive as long as that thread. Built on the main thread
+    (which then runs the event loop forever), the build's pool would outlive it next to the
+    engine thread's: more OpenMP threads than cores make libgomp throttle its spin-wait, so
+    workers sleep between parallel regions and a 2-core step ran at half speed. The pool of
+    a thread that has exited is gone.
+    """
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the caller's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name="build")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
 
 
 def serve_forever(state: ServeState, config: ServerConfig,

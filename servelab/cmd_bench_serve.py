@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tqdm import tqdm
 
 from servelab.sim_args import format_summaries, slo_from_args, write_json_atomic
 from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
@@ -79,5 +82,8 @@ async def _bench(trace: Trace, config: BenchConfig, vocab_size: int | None,
     vocab = vocab_size or card.get("vocab_size")
     if not vocab:
         raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
-    result = await run_bench(bench_requests(trace, int(vocab), seed), config)
+    requests = bench_requests(trace, int(vocab), seed)
+    with tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False,
+              disable=None) as bar:
+        result = await run_bench(requests, config, on_done=lambda: bar.update(1))
     return card["id"], int(vocab), result

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random weights, and the seeds of requests that give none")
     parser.add_argument("--policy", default="continuous",
-                        help="static is refused: continuous|recompute|chunked")
+                        help="static|continuous|recompute|chunked")
     add_scheduler_args(parser)
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
@@ -46,33 +46,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, assemble the server and serve until SIGTERM/SIGINT."""
-    if args.policy == "static":
-        raise ValueError("--policy static cannot serve: aborting the last live row of a "
-                         "static batch leaves its padding rows running forever")
-    from serve.server import ServerConfig
-
-    server = ServerConfig(args.host, args.port, args.drain_timeout_s, args.log_level)
+    from executor.threads import configure_cpu_threads
+    from serve.engine_thread import EngineThreadConfig
+    from serve.server import ServerConfig, assemble, call_on_thread, serve_forever
+    from serve.state import ApiConfig
     from serve.tokenizer import load_tokenizer
 
+    server = ServerConfig(args.host, args.port, args.drain_timeout_s, args.log_level)
     tokenizer = load_tokenizer(args.tokenizer)
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    loaded = load_model_from_args(args)  # pins this thread to one core (torch threads)
-    num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
-    config = scheduler_config(args, args.policy, num_blocks,
-                              loaded.max_model_len(args.max_model_len))
-    from executor.backend import ModelBackend
-    from serve.engine_thread import EngineThreadConfig
-    from serve.server import assemble, serve_forever
-    from serve.state import ApiConfig
-    from sim.scheduler import Scheduler
-
-    scheduler = Scheduler(config)
+    # torch loads now and pins this thread to one core. The build thread inherits that pin,
+    # so it gets the thread count resolved here (counted there it would be 1).
+    threads = configure_cpu_threads(args.threads)
+    build_args = argparse.Namespace(**{**vars(args), "threads": threads})
+    loaded, scheduler, backend = call_on_thread(lambda: _build(build_args))
+    config = scheduler.config
     name = Path(args.model).name if Path(args.model).is_dir() else args.model
     api = ApiConfig(name, config.max_model_len, args.api_key, args.max_body_bytes,
                     seed=args.seed)
-    state = assemble(scheduler, ModelBackend(loaded.model, scheduler.block_manager), tokenizer,
-                     loaded.vocab_size, api, EngineThreadConfig(args.max_waiting),
-                     args.request_log)
+    state = assemble(scheduler, backend, tokenizer, loaded.vocab_size, api,
+                     EngineThreadConfig(args.max_waiting), args.request_log)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
 
     def listening(url: str) -> None:
@@ -82,3 +75,16 @@ def run(args: argparse.Namespace) -> int:
 
     serve_forever(state, server, listening, cpus)
     return 0
+
+
+def _build(args: argparse.Namespace) -> tuple:
+    """The model, the scheduler and the backend (run off the main thread: call_on_thread)."""
+    from executor.backend import ModelBackend
+    from sim.scheduler import Scheduler
+
+    loaded = load_model_from_args(args)
+    num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
+    config = scheduler_config(args, args.policy, num_blocks,
+                              loaded.max_model_len(args.max_model_len))
+    scheduler = Scheduler(config)
+    return loaded, scheduler, ModelBackend(loaded.model, scheduler.block_manager)

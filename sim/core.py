@@ -37,7 +37,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     seed: int = 0  # seeds this request's own torch.Generator
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # always end the request
+    eos_token_id: int | None = None  # ends the request unless ignore_eos
     ignore_eos: bool = True  # traces fix the output length, as `vllm bench` does
 
     def __post_init__(self) -> None:

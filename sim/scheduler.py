@@ -119,11 +119,16 @@ class Scheduler:
         request = self._live.get(request_id)
         if request is None:
             return None
+        now = now if now is not None else request.arrival_s
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
+            if self._static:  # like any finished row: padding, KV held until the batch ends
+                self._pad(request, reason)
+                request.finish_s = now
+                return request
         else:
             self.waiting.remove(request)
-        self._finish(request, reason, now if now is not None else request.arrival_s)
+        self._finish(request, reason, now)
         return request
 
     @property
@@ -319,7 +324,9 @@ class Scheduler:
                 token = sampled[request.request_id]
                 request.output_token_ids.append(token)
                 params = request.sampling
-                if not params.ignore_eos and token in params.stop_token_ids:
+                if token in params.stop_token_ids or (
+                    token == params.eos_token_id and not params.ignore_eos
+                ):
                     reason = FinishReason.STOP
             if reason is None and len(request.token_times_s) >= request.max_new_tokens:
                 reason = FinishReason.LENGTH
@@ -332,8 +339,8 @@ class Scheduler:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-            if self._static:
-                finished = self._end_static_batch(now) if not self.running else []
+        if self._static:  # rows are returned together, when the batch ends
+            return self._end_static_batch(now) if not self.running and self._padding else []
         return finished
 
     def _pad(self, request: Request, reason: FinishReason) -> None:
@@ -353,7 +360,8 @@ class Scheduler:
         self._pad_context = self._pad_context_sq = self._pad_context_max = 0
         for request in batch:
             self.block_manager.free(request.request_id)
-            request.finish_s = now
+            if request.finish_s is None:  # aborted rows keep the time they were aborted
+                request.finish_s = now
         return batch
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:

@@ -61,19 +61,36 @@ def test_scheduler_finishes_at_max_new_tokens_and_frees_blocks_at_once():
     assert not sched.has_unfinished
 
 
-def test_scheduler_stop_token_finishes_request_unless_ignore_eos():
+def test_scheduler_stops_on_stop_ids_always_and_on_eos_unless_ignore_eos():
     from sim.core import SamplingParams
 
     sched = Scheduler(SchedulerConfig(policy="continuous", num_blocks=16, max_model_len=256))
-    stop = Request("s", 0.0, 4, 10, [1, 2, 3, 4], SamplingParams(stop_token_ids=(7,),
-                                                                  ignore_eos=False))
-    keep = Request("k", 0.0, 4, 2, [1, 2, 3, 4], SamplingParams(stop_token_ids=(7,)))
-    sched.add(stop)
-    sched.add(keep)
+    eos = Request("e", 0.0, 4, 10, [1, 2, 3, 4], SamplingParams(eos_token_id=7,
+                                                                 ignore_eos=False))
+    keep = Request("k", 0.0, 4, 10, [1, 2, 3, 4], SamplingParams(eos_token_id=7))
+    stop = Request("s", 0.0, 4, 10, [1, 2, 3, 4], SamplingParams(stop_token_ids=(7,)))
+    for request in (eos, keep, stop):
+        sched.add(request)
     plan = sched.schedule(0.0)
-    finished = sched.update(plan, StepResult(0.01, {"s": 7, "k": 7}), 0.01)
-    assert finished == [stop] and stop.finish_reason is FinishReason.STOP
+    finished = sched.update(plan, StepResult(0.01, {"e": 7, "k": 7, "s": 7}), 0.01)
+    assert finished == [eos, stop]
+    assert eos.finish_reason is stop.finish_reason is FinishReason.STOP
     assert keep.status is RequestStatus.RUNNING
+
+
+def test_static_abort_of_the_last_live_row_ends_the_batch_and_frees_every_block():
+    sched = Scheduler(SchedulerConfig(policy="static", num_blocks=64, max_model_len=256))
+    short, long = make("short", 10, 2), make("long", 12, 50)
+    sched.add(short)
+    sched.add(long)
+    step(sched)
+    step(sched)  # short finished: now padding
+    assert sched.abort("long", now=1.0) is long
+    assert long.finish_reason is FinishReason.ABORTED and long.finish_s == 1.0
+    plan, finished = step(sched, now=1.0)  # one padding-only step closes the batch
+    assert len(plan.padding) == 2 and not plan.requests
+    assert set(finished) == {short, long} and long.finish_s == 1.0
+    assert sched.block_manager.num_used_blocks == 0 and not sched.has_unfinished
 
 
 def test_static_batch_keeps_finished_rows_as_padding_until_the_batch_ends():
