@@ -24,11 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from peer_workload import peer_workload  # noqa: E402
+
 from executor.threads import configure_cpu_threads  # noqa: E402 (before torch is imported)
 
 CPUS = os.sched_getaffinity(0)  # before torch binds this thread to one core
 
-MODEL, VOCAB, NUM_BLOCKS, MAX_MODEL_LEN = "peer-45m", 32000, 2048, 2048
+MODEL, NUM_BLOCKS, MAX_MODEL_LEN = "peer-45m", 2048, 2048
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,17 +39,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side (best counts)")
     parser.add_argument("--policy", default="continuous", help="continuous|recompute|chunked")
     return parser.parse_args()
-
-
-def peer_workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """32 prompts and output lengths, drawn in the issue's order from default_rng(seed)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    prompt_lens = np.clip(np.round(rng.lognormal(np.log(64), 0.5, 32)), 8, 512).astype(int)
-    output_lens = np.clip(np.round(rng.lognormal(np.log(32), 1.0, 32)), 4, 256).astype(int)
-    prompts = [rng.integers(3, VOCAB, int(n)).tolist() for n in prompt_lens]
-    return prompts, output_lens.tolist()
 
 
 def offline(model, prompts: list[list[int]], outputs: list[int], policy: str):
