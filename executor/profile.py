@@ -2,7 +2,7 @@
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, and mixed
 batches (a chunk riding with decodes). Each point is a BatchPlan built the scheduler's way
-(sim.scheduler.add_to_plan) over requests whose KV blocks are allocated, run several times
+(sim.plan.add_to_plan) over requests whose KV blocks are allocated, run several times
 through ModelBackend.execute; the median measured duration is the point's step time.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from executor.backend import ModelBackend
 from sim.calibrated import plan_features
 from sim.core import BatchPlan, Request
-from sim.scheduler import add_to_plan
+from sim.plan import add_to_plan
 
 # A sequence's share of a profiled step: (tokens already in KV, tokens computed now).
 Share = tuple[int, int]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
+from sim.plan import add_decodes, add_to_plan, remove_from_plan
 
 POLICIES = ("static", "continuous", "recompute", "chunked")
 DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
@@ -173,7 +174,7 @@ class Scheduler:
                 continue
             decodes.append(request)
             budget -= 1
-        self._add_decodes(plan, decodes)
+        add_decodes(plan, decodes)
         for request in partial:
             if budget < 1 or request.status is not RequestStatus.RUNNING:
                 continue
@@ -207,7 +208,7 @@ class Scheduler:
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
-            self._unaccount(plan, victim, n)
+            remove_from_plan(plan, victim, n)
         self.block_manager.free(victim.request_id)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
@@ -260,52 +261,13 @@ class Scheduler:
             for request in self.running:
                 add_to_plan(plan, request, request.num_tokens)
         else:
-            self._add_decodes(plan, self.running)
+            add_decodes(plan, self.running)
         if self._padding:  # finished rows: computed like decodes, their totals kept running
             plan.padding = self._padding.copy()
             plan.decode_seqs += len(self._padding)
             plan.decode_context += self._pad_context
             plan.decode_context_sq += self._pad_context_sq
             plan.decode_context_max = max(plan.decode_context_max, self._pad_context_max)
-
-    # ---- plan bookkeeping ----------------------------------------------------------------
-
-    @staticmethod
-    def _add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
-        """Add one-token decodes; the per-row hot path, so totals accumulate in locals."""
-        if not requests:
-            return
-        counts = plan.num_scheduled_tokens
-        context = context_sq = 0
-        context_max = plan.decode_context_max
-        for request in requests:
-            counts[request.request_id] = 1
-            ctx = request.num_computed_tokens + 1
-            context += ctx
-            context_sq += ctx * ctx
-            if ctx > context_max:
-                context_max = ctx
-        plan.requests.extend(requests)
-        plan.decode_seqs += len(requests)
-        plan.num_sampled += len(requests)
-        plan.decode_context += context
-        plan.decode_context_sq += context_sq
-        plan.decode_context_max = context_max
-
-    @staticmethod
-    def _unaccount(plan: BatchPlan, request: Request, n: int) -> None:
-        """Take a request's totals back out of the plan (the maxima stay: an upper bound)."""
-        ctx = request.num_computed_tokens + n
-        if ctx == request.num_tokens:
-            plan.num_sampled -= 1
-        if n == 1 and ctx == request.num_tokens:
-            plan.decode_seqs -= 1
-            plan.decode_context -= ctx
-            plan.decode_context_sq -= ctx * ctx
-        else:
-            plan.prefill_tokens -= n
-            plan.prefill_attn -= n * ctx
-            plan.prefill_seqs -= 1
 
     # ---- after the step ------------------------------------------------------------------
 
@@ -372,26 +334,3 @@ class Scheduler:
         if self.block_manager.holds(request.request_id):
             self.block_manager.free(request.request_id)
 
-
-def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
-    """Schedule n tokens of request in plan and add them to the plan's cost totals."""
-    plan.num_scheduled_tokens[request.request_id] = n
-    plan.requests.append(request)
-    ctx = request.num_computed_tokens + n  # KV length attended over after this step
-    num_tokens = request.prompt_len + len(request.token_times_s)
-    if ctx == num_tokens:
-        plan.num_sampled += 1
-    if n == 1 and ctx == num_tokens:
-        plan.decode_seqs += 1
-        plan.decode_context += ctx
-        plan.decode_context_sq += ctx * ctx
-        if ctx > plan.decode_context_max:
-            plan.decode_context_max = ctx
-    else:
-        plan.prefill_tokens += n
-        plan.prefill_attn += n * ctx
-        plan.prefill_seqs += 1
-        if n > plan.prefill_chunk_max:
-            plan.prefill_chunk_max = n
-        if ctx > plan.prefill_context_max:
-            plan.prefill_context_max = ctx
