@@ -9,9 +9,10 @@ from workloads import BUNDLED, FORMATS, SPEC_HELP, Trace, TraceTransforms, open_
 TRACE_EPILOG = f"""\
 TRACE is one of:
   a bundled trace      {", ".join(BUNDLED)}
-  a trace file         Azure LLM inference CSV, Mooncake JSONL, or servelab's own
-                       schema as .csv/.jsonl/.parquet; the format is detected from the
-                       content (force it with --format)
+  a trace file         Azure LLM inference CSV, Mooncake JSONL, servelab's own
+                       schema as .csv/.jsonl/.parquet, or a `servelab serve` request
+                       log (.sqlite); the format is detected from the content (force
+                       it with --format)
   a synthetic spec     see below
 
 Transforms run in this order: --start-s/--end-s window (re-zeroed), --max-requests,

@@ -35,6 +35,6 @@ def _open_real(source: str, fmt: str | None = None) -> Trace:
     if not path.is_file():
         raise FileNotFoundError(
             f"trace {source!r}: no such file; expected a bundled name "
-            f"({', '.join(BUNDLED)}), a synthetic: spec or a .csv/.jsonl/.parquet file"
+            f"({', '.join(BUNDLED)}), a synthetic: spec or a .csv/.jsonl/.parquet/.sqlite file"
         )
     return load_trace(path, fmt)
