@@ -122,7 +122,6 @@ class BatchPlan:
     decode_seqs: int = 0  # sequences decoding one token (padding rows included)
     num_sampled: int = 0  # rows that end their sequence and sample a token (logits rows)
     decode_context: int = 0  # sum of KV lengths read by decodes (padding rows included)
-    decode_context_sq: int = 0  # sum of squared decode KV lengths: their spread, for fits
     decode_context_max: int = 0  # longest decode KV length
 
     @property

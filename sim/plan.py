@@ -20,7 +20,6 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
     if n == 1 and ctx == num_tokens:
         plan.decode_seqs += 1
         plan.decode_context += ctx
-        plan.decode_context_sq += ctx * ctx
         if ctx > plan.decode_context_max:
             plan.decode_context_max = ctx
     else:
@@ -38,20 +37,18 @@ def add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
     if not requests:
         return
     counts = plan.num_scheduled_tokens
-    context = context_sq = 0
+    context = 0
     context_max = plan.decode_context_max
     for request in requests:
         counts[request.request_id] = 1
         ctx = request.num_computed_tokens + 1
         context += ctx
-        context_sq += ctx * ctx
         if ctx > context_max:
             context_max = ctx
     plan.requests.extend(requests)
     plan.decode_seqs += len(requests)
     plan.num_sampled += len(requests)
     plan.decode_context += context
-    plan.decode_context_sq += context_sq
     plan.decode_context_max = context_max
 
 
@@ -63,7 +60,6 @@ def remove_from_plan(plan: BatchPlan, request: Request, n: int) -> None:
     if n == 1 and ctx == request.num_tokens:
         plan.decode_seqs -= 1
         plan.decode_context -= ctx
-        plan.decode_context_sq -= ctx * ctx
     else:
         plan.prefill_tokens -= n
         plan.prefill_attn -= n * ctx

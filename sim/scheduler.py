@@ -84,7 +84,7 @@ class Scheduler:
         # Static batching: finished rows of the current batch, kept as padding, and the
         # totals of their KV lengths (constant while they wait), so a step costs O(active).
         self._padding: list[Request] = []
-        self._pad_context = self._pad_context_sq = self._pad_context_max = 0
+        self._pad_context = self._pad_context_max = 0
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -266,7 +266,6 @@ class Scheduler:
             plan.padding = self._padding.copy()
             plan.decode_seqs += len(self._padding)
             plan.decode_context += self._pad_context
-            plan.decode_context_sq += self._pad_context_sq
             plan.decode_context_max = max(plan.decode_context_max, self._pad_context_max)
 
     # ---- after the step ------------------------------------------------------------------
@@ -314,12 +313,11 @@ class Scheduler:
         self._padding.append(request)
         ctx = request.prompt_len + len(request.token_times_s)
         self._pad_context += ctx
-        self._pad_context_sq += ctx * ctx
         self._pad_context_max = max(self._pad_context_max, ctx)
 
     def _end_static_batch(self, now: float) -> list[Request]:
         batch, self._padding = self._padding, []
-        self._pad_context = self._pad_context_sq = self._pad_context_max = 0
+        self._pad_context = self._pad_context_max = 0
         for request in batch:
             self.block_manager.free(request.request_id)
             if request.finish_s is None:  # aborted rows keep the time they were aborted
