@@ -22,10 +22,6 @@ COMMANDS = (
 )
 
 
-class CliError(Exception):
-    """A user error the CLI reports as one line."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servelab",
@@ -42,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CliError, ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"servelab {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -136,9 +136,6 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._live)
 
     # ---- one step ------------------------------------------------------------------------
 
