@@ -48,25 +48,28 @@ class BlockManager:
         have = len(table) if table is not None else 0
         return max(0, -(-num_tokens // self.block_size) - have)
 
-    def capacity_tokens(self, request_id: str) -> int:
-        """Tokens request_id's blocks can hold now (0 if it holds none)."""
-        table = self._tables.get(request_id)
-        return len(table) * self.block_size if table is not None else 0
-
-    def can_allocate(self, request_id: str, num_tokens: int) -> bool:
-        """Whether request_id's table can grow to hold num_tokens tokens right now."""
-        return self.num_missing(request_id, num_tokens) <= len(self._free)
-
     def allocate(self, request_id: str, num_tokens: int) -> None:
         """Grow request_id's table to hold num_tokens tokens; raise if the pool is short."""
-        missing = self.num_missing(request_id, num_tokens)
-        if missing > len(self._free):
+        if not self.try_allocate(request_id, num_tokens):
+            missing = self.num_missing(request_id, num_tokens)
             raise OutOfBlocksError(
                 f"request {request_id}: needs {missing} more blocks, {len(self._free)} free"
             )
-        table = self._tables.setdefault(request_id, [])
-        for _ in range(missing):
-            table.append(self._free.pop())
+
+    def try_allocate(self, request_id: str, num_tokens: int) -> bool:
+        """Like allocate, but return False and change nothing if the pool is short."""
+        table = self._tables.get(request_id)
+        missing = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
+        if missing <= 0:
+            return True
+        free = self._free
+        if missing > len(free):
+            return False
+        if table is None:
+            table = self._tables[request_id] = []
+        table.extend(free[:-missing - 1:-1])  # the top of the stack first, as pops would
+        del free[-missing:]
+        return True
 
     def free(self, request_id: str) -> None:
         """Return all of request_id's blocks to the pool; raise if it holds none."""

@@ -52,9 +52,11 @@ class Engine:
         finished = scheduler.update(plan, result, end_s)
         for request in finished:
             self.backend.free(request)
+        padding = len(plan.padding)  # (the plan's properties, inlined: once per step)
         self.steps.append((
-            start_s, result.duration_s, plan.batch_size, plan.num_tokens, plan.prefill_tokens,
-            plan.decode_seqs, len(plan.padding), scheduler.block_manager.num_used_blocks,
-            len(scheduler.waiting), len(scheduler.running), len(plan.preempted),
+            start_s, result.duration_s, len(plan.requests) + padding,
+            plan.prefill_tokens + plan.decode_seqs, plan.prefill_tokens, plan.decode_seqs,
+            padding, scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
+            len(scheduler.running), len(plan.preempted),
         ))
         return finished

@@ -7,6 +7,7 @@ Summary keys follow `vllm bench serve`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,9 +70,18 @@ def step_table(steps: list[tuple]) -> pd.DataFrame:
 
 def inter_token_latencies_ms(requests: list[Request]) -> np.ndarray:
     """All gaps between consecutive tokens of each completed request, in ms."""
-    gaps = [np.diff(r.token_times_s) for r in requests
-            if r.finish_reason in _DONE and len(r.token_times_s) > 1]
-    return np.concatenate(gaps) * 1e3 if gaps else np.empty(0)
+    times = [r.token_times_s for r in requests
+             if r.finish_reason in _DONE and len(r.token_times_s) > 1]
+    if not times:
+        return np.empty(0)
+    # One flat array and one diff instead of a diff per request: drop the gaps that span
+    # two requests (one at each request's first token).
+    lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
+    flat = np.fromiter(itertools.chain.from_iterable(times), dtype=float,
+                       count=int(lengths.sum()))
+    keep = np.ones(flat.size - 1, dtype=bool)
+    keep[np.cumsum(lengths)[:-1] - 1] = False
+    return np.diff(flat)[keep] * 1e3
 
 
 def _stats(name: str, values: np.ndarray, out: dict) -> None:
@@ -125,7 +135,10 @@ def _step_summary(result: RunResult) -> dict:
     if not result.steps:
         return {"preemptions": result.num_preemptions, "num_steps": 0, "mean_batch_size": 0.0,
                 "max_batch_size": 0, "mean_kv_usage": 0.0, "slot_utilization": 0.0}
-    steps = np.asarray(result.steps, dtype=float)
+    width = len(STEP_COLUMNS)
+    flat = np.fromiter(itertools.chain.from_iterable(result.steps), dtype=float,
+                       count=width * len(result.steps))
+    steps = flat.reshape(-1, width)
     col = {name: i for i, name in enumerate(STEP_COLUMNS)}
     duration = steps[:, col["duration_s"]]
     batch = steps[:, col["batch_size"]]

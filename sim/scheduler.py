@@ -17,6 +17,9 @@ from sim.plan import add_decodes, add_to_plan, remove_from_plan
 
 POLICIES = ("static", "continuous", "recompute", "chunked")
 DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
+# An Enum member looked up on its class costs ~0.1 us, as much as the rest of a row's work
+# in the per-row loops below, which therefore compare against this module constant.
+_RUNNING = RequestStatus.RUNNING
 
 
 @dataclass(frozen=True)
@@ -154,9 +157,14 @@ class Scheduler:
         """Running requests: decodes first, then unfinished prefills (stall-free order)."""
         partial: list[Request] = []
         decodes: list[Request] = []
-        capacity = self.block_manager.capacity_tokens
-        for request in list(self.running):  # a copy: _make_room may evict from the tail
-            if request.status is not RequestStatus.RUNNING:
+        counts = plan.num_scheduled_tokens
+        context = 0
+        context_max = plan.decode_context_max
+        on_demand = not self._reserve
+        block_size = self.block_manager.block_size
+        # On demand, _make_room may evict from the tail: iterate over a copy.
+        for request in self.running.copy() if on_demand else self.running:
+            if request.status is not _RUNNING:
                 continue  # evicted earlier in this loop
             num_tokens = request.prompt_len + len(request.token_times_s)
             if num_tokens - request.num_computed_tokens != 1:
@@ -164,21 +172,29 @@ class Scheduler:
                 continue
             if budget < 1:
                 break
-            # Victims come from the tail, which this loop has not reached yet: `decodes`
-            # never holds an evicted request.
-            if (not self._reserve and num_tokens > capacity(request.request_id)
+            # A decode holds KV for num_tokens - 1 tokens, so it can need a new block only
+            # when those fill their last block. Victims come from the tail, which this loop
+            # has not reached yet: `decodes` never holds an evicted request.
+            if (on_demand and (num_tokens - 1) % block_size == 0
                     and not self._make_room(request, num_tokens, plan)):
                 continue
             decodes.append(request)
+            counts[request.request_id] = 1
+            context += num_tokens
+            if num_tokens > context_max:
+                context_max = num_tokens
             budget -= 1
-        add_decodes(plan, decodes)
+        if decodes:  # add_decodes' totals, accumulated in the loop above
+            plan.requests.extend(decodes)
+            plan.decode_seqs += len(decodes)
+            plan.num_sampled += len(decodes)
+            plan.decode_context += context
+            plan.decode_context_max = context_max
         for request in partial:
-            if budget < 1 or request.status is not RequestStatus.RUNNING:
+            if budget < 1 or request.status is not _RUNNING:
                 continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._reserve and not self._make_room(
-                request, request.num_computed_tokens + n, plan
-            ):
+            if on_demand and not self._make_room(request, request.num_computed_tokens + n, plan):
                 continue
             add_to_plan(plan, request, n)
             budget -= n
@@ -189,14 +205,13 @@ class Scheduler:
 
         Returns False when `request` itself had to be evicted (it was the newest).
         """
-        bm = self.block_manager
+        try_allocate = self.block_manager.try_allocate
         rid = request.request_id
-        while not bm.can_allocate(rid, num_tokens):
+        while not try_allocate(rid, num_tokens):
             victim = self.running[-1]
             self._preempt(victim, plan)
             if victim is request:
                 return False
-        bm.allocate(rid, num_tokens)
         return True
 
     def _preempt(self, victim: Request, plan: BatchPlan) -> None:
@@ -227,9 +242,8 @@ class Scheduler:
                     break  # FCFS: the head waits for a step with room for its whole prompt
                 n = budget
             need = request.prompt_len + request.max_new_tokens if self._reserve else n
-            if not bm.can_allocate(request.request_id, need):
+            if not bm.try_allocate(request.request_id, need):
                 break
-            bm.allocate(request.request_id, need)
             waiting.popleft()
             self._start(request, plan, now)
             add_to_plan(plan, request, n)
@@ -249,9 +263,8 @@ class Scheduler:
             while self.waiting and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
                 need = request.prompt_len + request.max_new_tokens
-                if not bm.can_allocate(request.request_id, need):
+                if not bm.try_allocate(request.request_id, need):
                     break
-                bm.allocate(request.request_id, need)
                 self.waiting.popleft()
                 self._start(request, plan, now)
         if plan.admitted:  # the batch's prefill step
@@ -271,12 +284,15 @@ class Scheduler:
         """Apply a finished step at time `now`: new tokens, retirements. Returns finished."""
         sampled = result.sampled_token_ids
         finished: list[Request] = []
+        static = self._static
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
-            request.num_computed_tokens += n
-            if request.num_computed_tokens != request.prompt_len + len(request.token_times_s):
+            computed = request.num_computed_tokens + n
+            request.num_computed_tokens = computed
+            times = request.token_times_s
+            if computed != request.prompt_len + len(times):
                 continue  # a prefill chunk that did not reach the end of the sequence
-            request.token_times_s.append(now)
+            times.append(now)
             reason = None
             if sampled is not None:
                 token = sampled[request.request_id]
@@ -286,17 +302,17 @@ class Scheduler:
                     token == params.eos_token_id and not params.ignore_eos
                 ):
                     reason = FinishReason.STOP
-            if reason is None and len(request.token_times_s) >= request.max_new_tokens:
-                reason = FinishReason.LENGTH
             if reason is None:
-                continue
+                if len(times) < request.max_new_tokens:
+                    continue
+                reason = FinishReason.LENGTH
             finished.append(request)
-            if self._static:
+            if static:
                 self._pad(request, reason)
             else:
                 self._finish(request, reason, now)
         if finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status is _RUNNING]
         if self._static:  # rows are returned together, when the batch ends
             return self._end_static_batch(now) if not self.running and self._padding else []
         return finished

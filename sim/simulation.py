@@ -7,6 +7,7 @@ gives simulated and measured runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,26 +55,39 @@ def run_trace(
             if wake:
                 wake.pop().succeed()
 
+    def next_arrival_s() -> float:
+        return requests[arrived[0]].arrival_s if arrived[0] < len(requests) else math.inf
+
     def stepping():
         scheduler = engine.scheduler
+        now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
         while True:
-            stepped = engine.plan(env.now)
+            stepped = engine.plan(now)
             if stepped is None:
+                if now > env.now:  # catch SimPy up before sleeping
+                    yield env.timeout(now - env.now)
+                    continue
                 if arrived[0] == len(requests) and not scheduler.has_unfinished:
                     return
                 if scheduler.has_unfinished and not scheduler.running:
                     raise StalledError(
-                        f"t={env.now:.3f}s: {len(scheduler.waiting)} waiting, none admissible"
+                        f"t={now:.3f}s: {len(scheduler.waiting)} waiting, none admissible"
                     )
                 wake.append(env.event())
                 yield wake[-1]
+                now = env.now
                 continue
             plan, result = stepped
-            start_s = env.now
-            yield env.timeout(result.duration_s)
-            finished = engine.finish_step(plan, result, start_s)
+            end_s = now + result.duration_s
+            # Only an arrival changes what the scheduler decides next, so steps run back
+            # to back without a SimPy event each until one lands within a step; then SimPy
+            # delivers it (and any before it) first, as if every step had been an event.
+            if next_arrival_s() <= end_s:
+                yield env.timeout(max(0.0, end_s - env.now))
+            finished = engine.finish_step(plan, result, now)
+            now = end_s
             if on_step is not None:
-                on_step(env.now, finished)
+                on_step(now, finished)
 
     env.process(arrivals())
     done = env.process(stepping())
