@@ -12,13 +12,15 @@ from servelab import (
     cmd_run,
     cmd_serve,
     cmd_simulate,
+    cmd_sweep,
     cmd_trace,
     cmd_validate,
 )
 
 # Each subcommand module exposes register(subparsers); register() sets args.func.
 COMMANDS = (
-    cmd_trace, cmd_simulate, cmd_run, cmd_calibrate, cmd_validate, cmd_serve, cmd_bench_serve,
+    cmd_trace, cmd_simulate, cmd_sweep, cmd_run, cmd_calibrate, cmd_validate, cmd_serve,
+    cmd_bench_serve,
 )
 
 

@@ -106,7 +106,7 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
-def _backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
+def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
     """The cost model, its default KV blocks and max length, and a one-line description."""
     if args.cost_model is not None:
         model = CalibratedCostModel.load(args.cost_model)
@@ -123,7 +123,7 @@ def _backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
 
 
 def _run(args: argparse.Namespace, policies: list[str]) -> int:
-    backend, num_blocks, max_model_len, where = _backend(args)
+    backend, num_blocks, max_model_len, where = deployment_backend(args)
     configs = {p: scheduler_config(args, p, num_blocks, max_model_len) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -1,0 +1,179 @@
+"""`servelab sweep`: policies x rates x scheduler limits through the simulator, in parallel.
+
+One row per point in a results table (Parquet and CSV under --out) and latency-vs-load
+charts; `--capacity` also bisects each configuration's rate for the largest one that meets
+the p99 TTFT and p99 ITL targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.cmd_simulate import deployment_backend
+from servelab.sim_args import parse_policies, slo_from_args, write_json_atomic
+from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.runners import LocalRunner, RayRunner
+from sim.sweep import Capacity, CapacitySlo, SweepContext, find_capacity, grid
+
+DEFAULT_QPS_SCALES = "1,1.5,2,2.5,3,3.5,4,5"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sweep = subparsers.add_parser(
+        "sweep", help="simulate policies x rates x limits; capacity at SLO",
+        description=__doc__.splitlines()[0])
+    add_trace_args(sweep, positional=False)
+    grid_args = sweep.add_argument_group("grid (comma-separated lists)")
+    grid_args.add_argument("--policies", default="static,continuous,recompute,chunked")
+    grid_args.add_argument("--qps-scales", default=DEFAULT_QPS_SCALES,
+                           help="rates as multiples of the trace's own, on top of --qps-scale "
+                                f"(default {DEFAULT_QPS_SCALES})")
+    grid_args.add_argument("--num-blocks", default=None,
+                           help="KV pool sizes in blocks (default: the deployment's)")
+    grid_args.add_argument("--token-budgets", default=None,
+                           help="per-step token budgets of `chunked` (default 2048)")
+    grid_args.add_argument("--max-num-seqs", default="256", help="most running requests")
+    limits = sweep.add_argument_group("fixed limits")
+    limits.add_argument("--block-size", type=int, default=16)
+    limits.add_argument("--max-model-len", type=int, default=None)
+    dep = sweep.add_argument_group("deployment (analytic cost model)")
+    dep.add_argument("--model", default="llama-3-8b")
+    dep.add_argument("--hardware", default="h100")
+    dep.add_argument("--dtype", default="bf16")
+    dep.add_argument("--cost-model", type=Path, default=None, help="a calibration JSON")
+    run = sweep.add_argument_group("where and what")
+    run.add_argument("--workers", type=int, default=None,
+                     help="processes (default: one per core); with --ray, tasks in flight")
+    run.add_argument("--ray", metavar="ADDRESS", default=None,
+                     help="run on a Ray cluster: an address, or `auto` (a running cluster, "
+                          "else a new local instance)")
+    run.add_argument("--out", type=Path, default=None, help="tables and charts here")
+    run.add_argument("--json", type=Path, default=None, help="write rows (and capacity) as JSON")
+    run.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
+    run.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
+    cap = sweep.add_argument_group("capacity at SLO")
+    cap.add_argument("--capacity", action="store_true",
+                     help="bisect each configuration's rate for the largest meeting the SLO")
+    cap.add_argument("--capacity-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
+    cap.add_argument("--capacity-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
+    cap.add_argument("--capacity-range", default="0.25,16",
+                     help="LOW,HIGH qps scales to search between (default 0.25,16)")
+    sweep.set_defaults(func=_run)
+
+
+def _numbers(text: str | None, kind: type, flag: str) -> list:
+    if text is None:
+        return [None]
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(
+            f"{flag}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{flag} is empty")
+    if any(v <= 0 for v in values):
+        raise ValueError(f"{flag}: values must be > 0, got {text!r}")
+    return values
+
+
+def _run(args: argparse.Namespace) -> int:
+    points = grid(parse_policies(args.policies),
+                  _numbers(args.qps_scales, float, "--qps-scales"),
+                  _numbers(args.num_blocks, int, "--num-blocks"),
+                  _numbers(args.token_budgets, int, "--token-budgets"),
+                  _numbers(args.max_num_seqs, int, "--max-num-seqs"))
+    capacity_slo = CapacitySlo(args.capacity_ttft_p99_ms, args.capacity_itl_p99_ms)
+    bounds = _numbers(args.capacity_range, float, "--capacity-range")
+    if len(bounds) != 2 or bounds[0] >= bounds[1]:
+        raise ValueError(f"--capacity-range: expected LOW,HIGH with 0 < low < high, "
+                         f"got {args.capacity_range!r}")
+    low, high = bounds
+    backend, num_blocks, max_len, where = deployment_backend(args)
+    context = SweepContext(load_trace_from_args(args), backend, num_blocks, args.block_size,
+                           args.max_model_len or max_len, slo_from_args(args))
+    for point in points:  # a bad combination fails now, before any run
+        context.config(point)
+    if args.ray is not None:
+        runner = RayRunner(context, args.ray, args.workers, progress=True)
+    else:
+        runner = LocalRunner(context, args.workers, progress=True)
+    capacities: list[Capacity] = []
+    with runner:
+        rows = runner(points)
+        if args.capacity:
+            configs = list({p.config_key: p for p in points}.values())
+            capacities = find_capacity(runner, configs, capacity_slo, low, high)
+    table = pd.DataFrame(rows).sort_values(["policy", "num_blocks", "token_budget",
+                                            "max_num_seqs", "qps_scale"], kind="stable")
+    trace = context.trace
+    print(f"trace {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} req/s "
+          f"(scale 1); {where}; {len(rows)} runs")
+    print(format_sweep(table))
+    if capacities:
+        print(format_capacity(capacities, capacity_slo))
+    if args.out is not None:
+        _write_out(args.out, table, capacities, capacity_slo, trace.name)
+    if args.json is not None:
+        write_json_atomic(args.json, {"deployment": where, "rows": rows,
+                                      "capacity": capacity_records(capacities, capacity_slo)})
+    return 0
+
+
+SWEEP_COLUMNS = (("rate_rps", "{:.2f}"), ("output_throughput", "{:.0f}"),
+                 ("median_ttft_ms", "{:.0f}"), ("p99_ttft_ms", "{:.0f}"),
+                 ("median_itl_ms", "{:.1f}"), ("p99_itl_ms", "{:.1f}"),
+                 ("preemptions", "{:d}"))
+
+
+def format_sweep(table: pd.DataFrame) -> str:
+    head = f"{'policy':<11}{'blocks':>8}{'budget':>7}{'seqs':>5}{'qps x':>7}" + "".join(
+        f"{key.removesuffix('_ms'):>18}" for key, _ in SWEEP_COLUMNS)
+    lines = [head]
+    for row in table.to_dict("records"):
+        cells = "".join(f"{'-' if pd.isna(row[k]) else fmt.format(row[k]):>18}"
+                        for k, fmt in SWEEP_COLUMNS)
+        lines.append(f"{row['policy']:<11}{row['num_blocks']:>8}{row['token_budget']:>7}"
+                     f"{row['max_num_seqs']:>5}{row['qps_scale']:>7.3g}{cells}")
+    return "\n".join(lines)
+
+
+def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:
+    return [{"policy": c.point.policy, "num_blocks": c.probes[0]["num_blocks"],
+             "token_budget": c.probes[0]["token_budget"], "max_num_seqs": c.point.max_num_seqs,
+             "capacity_qps_scale": c.qps_scale, "capacity_rate_rps": c.rate_rps,
+             "bounded": c.bounded, "probes": len(c.probes),
+             "slo_ttft_p99_ms": slo.ttft_p99_ms, "slo_itl_p99_ms": slo.itl_p99_ms}
+            for c in capacities]
+
+
+def format_capacity(capacities: list[Capacity], slo: CapacitySlo) -> str:
+    lines = [f"capacity at p99 TTFT <= {slo.ttft_p99_ms:g} ms and p99 ITL <= "
+             f"{slo.itl_p99_ms:g} ms:"]
+    for record in capacity_records(capacities, slo):
+        note = {"": "", "below-range": " (fails at the low end of the range)",
+                "above-range": " (meets it at the high end: at least this)"}[record["bounded"]]
+        lines.append(f"  {record['policy']:<11} blocks {record['num_blocks']:>6} budget "
+                     f"{record['token_budget']:>5} seqs {record['max_num_seqs']:>4}: "
+                     f"{record['capacity_qps_scale']:.3g}x = "
+                     f"{record['capacity_rate_rps']:.2f} req/s{note}")
+    return "\n".join(lines)
+
+
+def _write_out(out_dir: Path, table: pd.DataFrame, capacities: list[Capacity],
+               slo: CapacitySlo, title: str) -> None:
+    from sim.sweep_charts import latency_vs_load
+    from workloads.files import atomic_output
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, write in (("sweep.parquet", table.to_parquet), ("sweep.csv", table.to_csv)):
+        with atomic_output(out_dir / name) as temp:
+            write(temp, index=False)
+    if capacities:
+        pd.DataFrame(capacity_records(capacities, slo)).to_csv(out_dir / "capacity.csv",
+                                                               index=False)
+    path = latency_vs_load(table, capacity_records(capacities, slo), slo, out_dir, title)
+    print(f"wrote sweep.parquet, sweep.csv{', capacity.csv' if capacities else ''} and "
+          f"{path.name} to {out_dir}")

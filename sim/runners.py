@@ -1,0 +1,121 @@
+"""Where sweep points run: this process, a local process pool, or a Ray cluster.
+
+Each runner maps points to rows in order and ships the shared SweepContext (the trace and
+the cost model) to a worker once, not once per point.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from tqdm import tqdm
+
+from sim.sweep import SweepContext, SweepPoint, run_point
+
+_CONTEXT: SweepContext | None = None  # a pool worker's copy, set by its initializer
+
+
+def _init_worker(context: SweepContext) -> None:
+    global _CONTEXT
+    _CONTEXT = context
+
+
+def _run_in_worker(point: SweepPoint) -> dict:
+    assert _CONTEXT is not None, "pool worker started without a sweep context"
+    return run_point(_CONTEXT, point)
+
+
+def _bar(total: int, progress: bool) -> tqdm:
+    return tqdm(total=total, unit="run", file=sys.stderr, leave=False,
+                disable=None if progress else True)
+
+
+class LocalRunner:
+    """Points on `workers` local processes (1: in this process)."""
+
+    def __init__(self, context: SweepContext, workers: int | None = None,
+                 progress: bool = False) -> None:
+        self.workers = workers or os.cpu_count() or 1
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        self.context = context
+        self.progress = progress
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> LocalRunner:
+        if self.workers > 1:
+            method = "fork" if os.name == "posix" else "spawn"
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context(method),
+                initializer=_init_worker, initargs=(self.context,))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def __call__(self, points: Sequence[SweepPoint]) -> list[dict]:
+        with _bar(len(points), self.progress) as bar:
+            if self._pool is None:
+                rows = []
+                for point in points:
+                    rows.append(run_point(self.context, point))
+                    bar.update(1)
+                return rows
+            futures = [self._pool.submit(_run_in_worker, p) for p in points]
+            for future in futures:
+                future.add_done_callback(lambda _f: bar.update(1))
+            return [f.result() for f in futures]
+
+
+class RayRunner:
+    """Points as Ray tasks: `address` "auto" finds a running cluster (RAY_ADDRESS, or one
+    started on this machine) or else starts a local instance; anything else is the
+    address of a cluster, whose workers need servelab installed. At most `workers` tasks
+    are in flight (default: as many as the cluster schedules).
+    """
+
+    def __init__(self, context: SweepContext, address: str, workers: int | None = None,
+                 progress: bool = False) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ValueError("--ray needs Ray installed: pip install 'servelab[ray]'") from exc
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self._ray = ray
+        self.address = address
+        self.workers = workers
+        self.context = context
+        self.progress = progress
+
+    def __enter__(self) -> RayRunner:
+        ray = self._ray
+        address = None if self.address == "auto" else self.address
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        self._context_ref = ray.put(self.context)
+        self._task = ray.remote(num_cpus=1)(run_point)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ray.shutdown()
+
+    def __call__(self, points: Sequence[SweepPoint]) -> list[dict]:
+        limit = self.workers or len(points)
+        refs: list = []
+        in_flight: list = []
+        with _bar(len(points), self.progress) as bar:
+            for point in points:
+                if len(in_flight) >= limit:
+                    done, in_flight = self._ray.wait(in_flight, num_returns=1)
+                    bar.update(len(done))
+                refs.append(self._task.remote(self._context_ref, point))
+                in_flight.append(refs[-1])
+            while in_flight:
+                done, in_flight = self._ray.wait(in_flight, num_returns=1)
+                bar.update(len(done))
+        return self._ray.get(refs)

@@ -1,0 +1,110 @@
+"""Sweeps: the grid, one point's row, runners agreeing, and the capacity bisection."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.cost_model import AnalyticCostModel
+from sim.engine import Engine
+from sim.metrics import summarize
+from sim.runners import LocalRunner, RayRunner
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.simulation import run_trace
+from sim.sweep import CapacitySlo, SweepContext, SweepPoint, find_capacity, grid, run_point
+from sim.workload import requests_from_trace
+from workloads import load_bundled
+from workloads.transforms import head, scale_qps
+
+BACKEND = AnalyticCostModel.preset()
+
+
+@pytest.fixture(scope="module")
+def context() -> SweepContext:
+    return SweepContext(head(load_bundled("azure-conv"), 300), BACKEND, num_blocks=3000)
+
+
+def test_grid_crosses_everything_and_varies_budgets_of_chunked_only():
+    points = grid(["continuous", "chunked"], [4, 1], num_blocks=[100, 200],
+                  token_budgets=[512, 2048])
+    assert len(points) == 2 * 2 * (1 + 2)
+    assert [p.qps_scale for p in points] == sorted(p.qps_scale for p in points)
+    assert {p.token_budget for p in points if p.policy == "continuous"} == {None}
+    assert {p.token_budget for p in points if p.policy == "chunked"} == {512, 2048}
+    with pytest.raises(ValueError, match="> 0"):
+        grid(["static"], [0.0])
+    with pytest.raises(ValueError, match="at least one"):
+        grid([], [1.0])
+
+
+def test_a_point_is_the_same_run_as_simulate(context):
+    row = run_point(context, SweepPoint("recompute", 3.0, num_blocks=500))
+    config = SchedulerConfig(policy="recompute", num_blocks=500)
+    trace = scale_qps(context.trace, 3.0)
+    direct = summarize(run_trace(requests_from_trace(trace), Engine(Scheduler(config), BACKEND)))
+    assert row["preemptions"] > 0  # a pool this small makes the point interesting
+    assert {k: row[k] for k in direct} == direct
+    assert row["num_blocks"] == 500 and row["token_budget"] == config.budget
+    assert row["rate_rps"] == pytest.approx(3.0 * len(trace) / context.trace.span_s, rel=1e-6)
+
+
+def test_a_bad_combination_fails_naming_the_limit(context):
+    with pytest.raises(ValueError, match="token_budget"):
+        context.config(SweepPoint("chunked", 1.0, token_budget=100, max_num_seqs=256))
+
+
+def test_pool_and_in_process_give_identical_rows(context):
+    points = grid(["static", "chunked"], [2.0, 6.0], num_blocks=[800])
+    with LocalRunner(context, workers=1) as runner:
+        alone = runner(points)
+    with LocalRunner(context, workers=2) as runner:
+        pooled = runner(points)
+    assert pooled == alone
+
+
+def test_ray_gives_identical_rows(context):
+    pytest.importorskip("ray")
+    points = grid(["continuous", "recompute"], [2.0, 8.0], num_blocks=[600])
+    with LocalRunner(context, workers=1) as runner:
+        local = runner(points)
+    with RayRunner(context, "auto", workers=2) as runner:
+        remote = runner(points)
+    assert remote == local
+
+
+def _fake_runner(knee: dict[str, float]):
+    """Latency passes the SLO below each policy's knee rate and fails above it."""
+    calls = []
+
+    def runner(points):
+        calls.append(len(points))
+        return [{"policy": p.policy, "rate_rps": 10 * p.qps_scale, "failed": 0, "rejected": 0,
+                 "p99_ttft_ms": 100.0 if p.qps_scale <= knee[p.policy] else 1e6,
+                 "p99_itl_ms": 10.0} for p in points]
+
+    return runner, calls
+
+
+def test_capacity_bisects_to_the_knee_and_flags_the_range_ends():
+    runner, calls = _fake_runner({"continuous": 3.0, "chunked": 5.5, "static": 0.1,
+                                  "recompute": 100.0})
+    configs = [SweepPoint(p, 1.0) for p in ("continuous", "chunked", "static", "recompute")]
+    found = {c.point.policy: c for c in find_capacity(runner, configs, CapacitySlo(), 0.25, 16,
+                                                      rel_tol=0.02)}
+    for policy, knee in (("continuous", 3.0), ("chunked", 5.5)):
+        assert knee / 1.02 <= found[policy].qps_scale <= knee
+        assert found[policy].rate_rps == pytest.approx(10 * found[policy].qps_scale)
+        assert found[policy].bounded == ""
+    assert found["static"].qps_scale == 0 and found["static"].bounded == "below-range"
+    assert found["recompute"].qps_scale == 16 and found["recompute"].bounded == "above-range"
+    assert calls[0] == 8 and all(n <= 2 for n in calls[1:])  # one probe per open config
+
+
+def test_capacity_slo_needs_every_request_completed():
+    slo = CapacitySlo(1000, 100)
+    good = {"failed": 0, "rejected": 0, "p99_ttft_ms": 900.0, "p99_itl_ms": 90.0}
+    assert slo.met(good)
+    assert not slo.met({**good, "rejected": 1})
+    assert not slo.met({**good, "p99_itl_ms": 101.0})
+    assert not slo.met({**good, "p99_ttft_ms": None})
+    with pytest.raises(ValueError, match="> 0"):
+        CapacitySlo(0, 100)
