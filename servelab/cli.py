@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from servelab import (
     cmd_bench_serve,
     cmd_calibrate,
+    cmd_report,
     cmd_run,
     cmd_serve,
     cmd_simulate,
@@ -19,8 +20,8 @@ from servelab import (
 
 # Each subcommand module exposes register(subparsers); register() sets args.func.
 COMMANDS = (
-    cmd_trace, cmd_simulate, cmd_sweep, cmd_run, cmd_calibrate, cmd_validate, cmd_serve,
-    cmd_bench_serve,
+    cmd_trace, cmd_simulate, cmd_sweep, cmd_run, cmd_calibrate, cmd_validate, cmd_report,
+    cmd_serve, cmd_bench_serve,
 )
 
 

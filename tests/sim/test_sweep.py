@@ -99,11 +99,12 @@ def test_capacity_bisects_to_the_knee_and_flags_the_range_ends():
     assert calls[0] == 8 and all(n <= 2 for n in calls[1:])  # one probe per open config
 
 
-def test_capacity_slo_needs_every_request_completed():
+def test_capacity_slo_needs_no_request_failed():
     slo = CapacitySlo(1000, 100)
     good = {"failed": 0, "rejected": 0, "p99_ttft_ms": 900.0, "p99_itl_ms": 90.0}
     assert slo.met(good)
-    assert not slo.met({**good, "rejected": 1})
+    assert slo.met({**good, "rejected": 1})  # too long for the model at any rate
+    assert not slo.met({**good, "failed": 1})
     assert not slo.met({**good, "p99_itl_ms": 101.0})
     assert not slo.met({**good, "p99_ttft_ms": None})
     with pytest.raises(ValueError, match="> 0"):
