@@ -18,7 +18,8 @@ from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.runners import LocalRunner, RayRunner
 from sim.sweep import Capacity, CapacitySlo, SweepContext, find_capacity, grid
 
-DEFAULT_QPS_SCALES = "1,1.5,2,2.5,3,3.5,4,5"
+# Around the default deployment's knee on the conv trace (capacity at SLO near 3x).
+DEFAULT_QPS_SCALES = "1.5,2,2.5,3,3.5,4,5,6"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.cmd_sweep import capacity_records
+from servelab.cmd_sweep import DEFAULT_QPS_SCALES, capacity_records
 from servelab.report_sections import DEPLOYMENT, Section
 from sim.cost_model import AnalyticCostModel
 from sim.runners import LocalRunner
@@ -17,7 +17,7 @@ from sim.sweep_charts import latency_vs_load as draw
 from workloads import Trace, load_bundled
 
 POLICIES = ("static", "continuous", "recompute", "chunked")
-RATES = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5)
+RATES = tuple(float(x) for x in DEFAULT_QPS_SCALES.split(","))
 SMALL_POOL = 4000  # blocks: 64k tokens, a quarter of what 256 conv requests can hold
 SLO = CapacitySlo(ttft_p99_ms=2000.0, itl_p99_ms=200.0)
 RANGE = (0.25, 16.0)

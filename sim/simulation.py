@@ -7,7 +7,6 @@ gives simulated and measured runs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +43,7 @@ def run_trace(
     env = simpy.Environment()
     wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
     arrived = [0]
+    num_requests = len(requests)
 
     def arrivals():
         for request in requests:
@@ -55,9 +55,6 @@ def run_trace(
             if wake:
                 wake.pop().succeed()
 
-    def next_arrival_s() -> float:
-        return requests[arrived[0]].arrival_s if arrived[0] < len(requests) else math.inf
-
     def stepping():
         scheduler = engine.scheduler
         now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
@@ -67,7 +64,7 @@ def run_trace(
                 if now > env.now:  # catch SimPy up before sleeping
                     yield env.timeout(now - env.now)
                     continue
-                if arrived[0] == len(requests) and not scheduler.has_unfinished:
+                if arrived[0] == num_requests and not scheduler.has_unfinished:
                     return
                 if scheduler.has_unfinished and not scheduler.running:
                     raise StalledError(
@@ -82,7 +79,7 @@ def run_trace(
             # Only an arrival changes what the scheduler decides next, so steps run back
             # to back without a SimPy event each until one lands within a step; then SimPy
             # delivers it (and any before it) first, as if every step had been an event.
-            if next_arrival_s() <= end_s:
+            if arrived[0] < num_requests and requests[arrived[0]].arrival_s <= end_s:
                 yield env.timeout(max(0.0, end_s - env.now))
             finished = engine.finish_step(plan, result, now)
             now = end_s
