@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor.backend import ModelBackend
-from sim.calibrated import plan_features
 from sim.core import BatchPlan, Request
 from sim.plan import add_to_plan
 
@@ -73,10 +72,10 @@ def _build_plan(point: ProfilePoint, backend: ModelBackend, rng: np.random.Gener
 
 def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,
             seed: int = 0, on_point: Callable[[], None] | None = None
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """Features [n, len(FEATURES)] and median step seconds [n] of each point."""
+            ) -> tuple[list[BatchPlan], np.ndarray]:
+    """The plan of each point and its median step seconds [n] (features come from plans)."""
     rng = np.random.default_rng(seed)
-    rows, durations = [], []
+    plans, durations = [], []
     for point in points:
         plan = _build_plan(point, backend, rng)
         backend.execute(plan)  # warm-up: first touch of the blocks and kernels
@@ -84,8 +83,8 @@ def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,
         for request in plan.requests:
             backend.block_manager.free(request.request_id)
             backend.free(request)
-        rows.append(plan_features(plan))
+        plans.append(plan)
         durations.append(float(np.median(times)))
         if on_point is not None:
             on_point()
-    return np.asarray(rows), np.asarray(durations)
+    return plans, np.asarray(durations)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import platform
 import sys
 from pathlib import Path
@@ -12,7 +13,12 @@ import numpy as np
 from tqdm import tqdm
 
 from servelab.model_args import add_model_args, load_model_from_args
-from sim.calibrated import CalibratedCostModel, fit_coefficients
+from sim.calibrated import (
+    KNEE_CANDIDATES,
+    CalibratedCostModel,
+    fit_coefficients,
+    plan_features,
+)
 from sim.scheduler import SchedulerConfig
 
 HOLDOUT_EVERY = 4  # every 4th profiled shape is held out to measure the fit on unseen steps
@@ -37,6 +43,19 @@ def relative_errors(model: CalibratedCostModel, features: np.ndarray,
     return np.abs(predicted - durations_s) / durations_s
 
 
+def choose_knee(plans: list, durations_s: np.ndarray, fit: np.ndarray) -> float:
+    """The KV knee (KNEE_CANDIDATES) whose fit on the `fit` shapes has the least median
+    relative error; infinite when no knee beats a model without one."""
+    best, best_err = math.inf, math.inf
+    for knee in KNEE_CANDIDATES:
+        features = np.asarray([plan_features(plan, knee) for plan in plans])[fit]
+        model = CalibratedCostModel(tuple(fit_coefficients(features, durations_s[fit])), knee)
+        err = float(np.median(relative_errors(model, features, durations_s[fit])))
+        if err < best_err - 1e-9:
+            best, best_err = knee, err
+    return best
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
@@ -53,18 +72,22 @@ def _run(args: argparse.Namespace) -> int:
     points = profile_grid(max_model_len, num_blocks * args.block_size, quick=args.quick)
     with tqdm(total=len(points), unit="shape", file=sys.stderr, leave=False,
               disable=None) as bar:
-        features, durations = measure(backend, points, args.repeats, args.seed, bar.update)
+        plans, durations = measure(backend, points, args.repeats, args.seed, bar.update)
     held = np.arange(len(points)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
-    trial = CalibratedCostModel(tuple(fit_coefficients(features[~held], durations[~held])))
+    knee = choose_knee(plans, durations, ~held)  # on the fitted shapes only
+    features = np.asarray([plan_features(plan, knee) for plan in plans])
+    trial = CalibratedCostModel(tuple(fit_coefficients(features[~held], durations[~held])),
+                                knee)
     held_err = relative_errors(trial, features[held], durations[held])
-    final = CalibratedCostModel(tuple(fit_coefficients(features, durations)))
+    final = CalibratedCostModel(tuple(fit_coefficients(features, durations)), knee)
     fit_err = relative_errors(final, features, durations)
     meta = _meta(args, loaded, num_blocks, max_model_len, len(points), fit_err, held_err)
-    model = CalibratedCostModel(final.coefficients, meta)
+    model = CalibratedCostModel(final.coefficients, knee, meta)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     model.save(args.out)
     print(f"profiled {len(points)} step shapes of {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads)")
+    print(f"decode KV knee: {'none' if math.isinf(knee) else f'{knee:.0f} tokens'}")
     print(f"fit error (all shapes): median {np.median(fit_err):.1%}, max {fit_err.max():.1%}")
     print(f"held-out shapes ({held.sum()}): median {np.median(held_err):.1%}, "
           f"p90 {np.percentile(held_err, 90):.1%}, max {held_err.max():.1%}")

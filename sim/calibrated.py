@@ -8,6 +8,7 @@ what it was measured on and how well it fits.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,20 +26,28 @@ FEATURES = (
     "decode_kv_padded",  # decode rows x longest decode KV: a padded kernel's attention area
     "prefill_attn",  # sum over chunks of chunk_len x KV length: causal attention work
     "prefill_attn_padded",  # chunks x longest chunk x longest KV: a padded kernel's area
+    # KV read past a knee, where it stops fitting the caches and each token costs more;
+    # the knee (tokens) is chosen per calibration, infinite (no excess) if none helps.
+    "decode_kv_excess",  # max(0, decode_kv - knee)
+    "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
 )
+KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
 
 
-def plan_features(plan: BatchPlan) -> list[float]:
-    """The FEATURES of one plan, in order."""
+def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]:
+    """The FEATURES of one plan, in order, with the KV knee at knee_tokens."""
+    decode_kv_padded = plan.decode_seqs * plan.decode_context_max
     return [
         1.0,
         float(plan.prefill_tokens + plan.decode_seqs),
         float(plan.num_sampled),
         float(plan.prefill_seqs + plan.decode_seqs),
         float(plan.decode_context),
-        float(plan.decode_seqs * plan.decode_context_max),
+        float(decode_kv_padded),
         float(plan.prefill_attn),
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
+        max(0.0, plan.decode_context - knee_tokens),
+        max(0.0, decode_kv_padded - knee_tokens),
     ]
 
 
@@ -65,6 +74,7 @@ class CalibratedCostModel:
     """A Backend whose step time is a fitted linear model of the plan's features."""
 
     coefficients: tuple[float, ...]
+    knee_tokens: float = math.inf  # decode KV past which tokens cost more (FEATURES)
     # What it was measured on: model, device, dtype, torch version, processor, threads,
     # date, block size, KV pool, fit error. Free-form, saved as JSON.
     meta: dict = field(default_factory=dict, compare=False)
@@ -75,12 +85,14 @@ class CalibratedCostModel:
                              f"got {len(self.coefficients)}")
         if any(not c >= 0 for c in self.coefficients):
             raise ValueError(f"coefficients must be >= 0, got {self.coefficients}")
+        if not self.knee_tokens > 0:
+            raise ValueError(f"knee_tokens must be > 0, got {self.knee_tokens}")
 
     def predict(self, plan: BatchPlan) -> float:
         """Seconds one engine step of `plan` takes; 0 for an empty plan."""
         if plan.requests or plan.padding:
-            return sum(c * f for c, f in zip(self.coefficients, plan_features(plan),
-                                             strict=True))
+            features = plan_features(plan, self.knee_tokens)
+            return sum(c * f for c, f in zip(self.coefficients, features, strict=True))
         return 0.0
 
     def execute(self, plan: BatchPlan) -> StepResult:
@@ -92,6 +104,7 @@ class CalibratedCostModel:
     def save(self, path: Path) -> None:
         """Write the model as JSON (coefficients by feature name, plus meta)."""
         payload = {"features": dict(zip(FEATURES, self.coefficients, strict=True)),
+                   "knee_tokens": None if math.isinf(self.knee_tokens) else self.knee_tokens,
                    "meta": self.meta}
         path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
@@ -109,6 +122,8 @@ class CalibratedCostModel:
             raise ValueError(f"{path}: calibration lacks features {', '.join(missing)}")
         try:
             coefficients = tuple(float(features[name]) for name in FEATURES)
+            knee = payload.get("knee_tokens")
+            knee = math.inf if knee is None else float(knee)
         except (TypeError, ValueError):
             raise ValueError(f"{path}: calibration features must be numbers") from None
-        return cls(coefficients, dict(payload.get("meta", {})))
+        return cls(coefficients, knee, dict(payload.get("meta", {})))

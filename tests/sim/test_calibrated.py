@@ -14,9 +14,10 @@ from sim.scheduler import Scheduler, SchedulerConfig
 
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 1e-9, 0.0])
+    true = np.array([2e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 1e-9, 0.0, 6e-8, 0.0])
     x = np.column_stack([np.ones(400)] + [rng.uniform(0, s, 400) for s in
                                           (2000, 64, 64, 5e4, 1e5, 1e6, 1e6)])
+    x = np.column_stack([x, np.maximum(0, x[:, 4] - 2e4), np.maximum(0, x[:, 5] - 2e4)])
     y = x @ true * rng.normal(1.0, 0.01, 400)
     fitted = fit_coefficients(x, y)
     assert np.all(fitted >= 0)
@@ -38,14 +39,17 @@ def test_features_follow_the_plan_totals():
 
 def test_predict_saves_and_loads(tmp_path):
     model = CalibratedCostModel(tuple(float(i) * 1e-4 for i in range(len(FEATURES))),
-                                {"model": "tiny"})
+                                knee_tokens=4, meta={"model": "tiny"})
     plan = BatchPlan(requests=[Request("a", 0.0, 4, 4)], decode_seqs=1, num_sampled=1,
                      decode_context=5, decode_context_max=5)
     path = tmp_path / "cal.json"
     model.save(path)
     loaded = CalibratedCostModel.load(path)
     assert loaded.predict(plan) == model.predict(plan) > 0
-    assert loaded.meta == {"model": "tiny"}
+    assert loaded.meta == {"model": "tiny"} and loaded.knee_tokens == 4
+    f = dict(zip(FEATURES, plan_features(plan, 4), strict=True))
+    assert f["decode_kv_excess"] == 1 and f["decode_kv_padded_excess"] == 1
+    assert plan_features(plan)[-2:] == [0.0, 0.0]  # no knee: no excess
     assert model.predict(BatchPlan()) == 0.0
 
 
@@ -61,3 +65,22 @@ def test_bad_calibration_file_names_the_file(tmp_path, content, needle):
     path.write_text(content)
     with pytest.raises(ValueError, match=needle):
         CalibratedCostModel.load(path)
+
+
+def test_calibrate_picks_the_knee_where_kv_gets_dearer():
+    from servelab.cmd_calibrate import choose_knee
+
+    rng = np.random.default_rng(1)
+    plans, durations = [], []
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        for kv in (32, 256, 1024, 1792):
+            plan = BatchPlan(decode_seqs=rows, num_sampled=rows, decode_context=rows * kv,
+                             decode_context_max=kv)
+            total = rows * kv
+            seconds = 5e-3 + 1e-4 * rows + 2e-7 * total + 1e-6 * max(0, total - 8192)
+            plans.append(plan)
+            durations.append(seconds * rng.normal(1.0, 0.005))
+    durations = np.asarray(durations)
+    assert choose_knee(plans, durations, np.ones(len(plans), dtype=bool)) == 8192
+    flat = np.asarray([5e-3 + 2e-7 * p.decode_context for p in plans])
+    assert choose_knee(plans, flat, np.ones(len(plans), dtype=bool)) == np.inf
