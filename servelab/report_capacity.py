@@ -80,7 +80,8 @@ def explain(rate: dict[str, dict[str, float]], default_pool: int) -> str:
         notes.append(f"- In the small pool `chunked` ({s['chunked']:.1f} req/s) falls behind "
                      "`recompute`: it admits a long prompt a chunk at a time while KV is "
                      "short, the prompt's next chunks evict the newest requests (or the "
-                     "prompt itself), and evictions cascade (section 3 shows the count).")
+                     "prompt itself), and evictions cascade (the undersized-pool section "
+                     "counts them).")
     if d["chunked"] > d["recompute"]:
         notes.append("- `chunked` leads: prompts are split under a 2,048-token step budget, so "
                      "long prefills no longer stall decodes and p99 ITL stays low as load "

@@ -39,7 +39,7 @@ class LocalRunner:
 
     def __init__(self, context: SweepContext, workers: int | None = None,
                  progress: bool = False) -> None:
-        self.workers = workers or os.cpu_count() or 1
+        self.workers = workers if workers is not None else (os.cpu_count() or 1)
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         self.context = context

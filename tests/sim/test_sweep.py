@@ -61,6 +61,11 @@ def test_pool_and_in_process_give_identical_rows(context):
     assert pooled == alone
 
 
+def test_workers_must_be_positive(context):
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        LocalRunner(context, workers=0)
+
+
 def test_ray_gives_identical_rows(context):
     pytest.importorskip("ray")
     points = grid(["continuous", "recompute"], [2.0, 8.0], num_blocks=[600])
