@@ -15,9 +15,8 @@ from pathlib import Path
 from servelab import report_sections as sections
 from servelab.report_capacity import latency_vs_load
 from servelab.sim_args import write_json_atomic
+from sim.scheduler import POLICIES
 from workloads.files import atomic_output
-
-POLICIES = ["static", "continuous", "recompute", "chunked"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -96,6 +96,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_scheduler_args(parser)
+    add_cost_model_args(parser)
+    add_output_args(parser)
+
+
+def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
+    """--model, --hardware, --dtype, --cost-model: what deployment_backend reads."""
     group = parser.add_argument_group("deployment (analytic cost model)")
     group.add_argument("--model", default="llama-3-8b", help="model shape preset")
     group.add_argument("--hardware", default="h100", help="GPU preset: a100-80gb, h100, h200")
@@ -103,7 +109,6 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cost-model", type=Path, default=None,
                        help="a calibration JSON from `servelab calibrate` instead of the "
                             "analytic model (its KV pool and max length become the defaults)")
-    add_output_args(parser)
 
 
 def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:

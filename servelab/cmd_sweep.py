@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.cmd_simulate import deployment_backend
-from servelab.sim_args import parse_policies, slo_from_args, write_json_atomic
+from servelab.cmd_simulate import add_cost_model_args, deployment_backend
+from servelab.sim_args import (
+    add_output_args,
+    parse_policies,
+    slo_from_args,
+    write_json_atomic,
+)
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.runners import LocalRunner, RayRunner
 from sim.sweep import Capacity, CapacitySlo, SweepContext, find_capacity, grid
@@ -40,21 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits = sweep.add_argument_group("fixed limits")
     limits.add_argument("--block-size", type=int, default=16)
     limits.add_argument("--max-model-len", type=int, default=None)
-    dep = sweep.add_argument_group("deployment (analytic cost model)")
-    dep.add_argument("--model", default="llama-3-8b")
-    dep.add_argument("--hardware", default="h100")
-    dep.add_argument("--dtype", default="bf16")
-    dep.add_argument("--cost-model", type=Path, default=None, help="a calibration JSON")
-    run = sweep.add_argument_group("where and what")
+    add_cost_model_args(sweep)
+    add_output_args(sweep)
+    run = sweep.add_argument_group("where")
     run.add_argument("--workers", type=int, default=None,
                      help="processes (default: one per core); with --ray, tasks in flight")
     run.add_argument("--ray", metavar="ADDRESS", default=None,
                      help="run on a Ray cluster: an address, or `auto` (a running cluster, "
                           "else a new local instance)")
-    run.add_argument("--out", type=Path, default=None, help="tables and charts here")
-    run.add_argument("--json", type=Path, default=None, help="write rows (and capacity) as JSON")
-    run.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
-    run.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
     cap = sweep.add_argument_group("capacity at SLO")
     cap.add_argument("--capacity", action="store_true",
                      help="bisect each configuration's rate for the largest meeting the SLO")

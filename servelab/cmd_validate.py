@@ -23,9 +23,10 @@ from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.calibrated import CalibratedCostModel
 from sim.engine import Engine
 from sim.metrics import summarize
-from sim.scheduler import Scheduler
+from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import RunResult, run_trace
 from sim.workload import requests_from_trace
+from workloads.trace import Trace
 
 # The metrics whose simulated value is checked against the measured one.
 VALIDATED = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
@@ -61,20 +62,10 @@ def _run(args: argparse.Namespace) -> int:
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
     max_len = loaded.max_model_len(args.max_model_len)
     configs = {p: scheduler_config(args, p, num_blocks, max_len) for p in policies}
-    from executor.replay import measured_run
-
-    prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
-    results, runs = {}, {}
     bar = tqdm(total=len(trace) * len(policies), unit="req", file=sys.stderr, leave=False,
                disable=None)
-    for policy, config in configs.items():
-        measured = measured_run(requests_from_trace(trace), config, loaded.model, args.seed,
-                                prefixes, on_step=lambda _now, done: bar.update(len(done)))
-        simulated = run_trace(requests_from_trace(trace),
-                              Engine(Scheduler(config), cost_model))
-        m, s = summarize(measured), summarize(simulated)
-        results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s)}
-        runs[policy] = (measured, simulated)
+    results, runs = measure_and_simulate(trace, configs, loaded.model, cost_model, args.seed,
+                                         on_step=lambda _now, done: bar.update(len(done)))
     bar.close()
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {args.cost_model}")
@@ -89,6 +80,25 @@ def _run(args: argparse.Namespace) -> int:
             "results": results,
         })
     return 0
+
+
+def measure_and_simulate(trace: Trace, configs: dict[str, SchedulerConfig], model,
+                         cost_model: CalibratedCostModel, seed: int = 0, on_step=None
+                         ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
+    """Each policy's config run measured on `model` and simulated with `cost_model`:
+    per policy the two summaries and the signed errors, and the two runs."""
+    from executor.replay import measured_run
+
+    prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
+    results, runs = {}, {}
+    for policy, config in configs.items():
+        measured = measured_run(requests_from_trace(trace), config, model, seed, prefixes,
+                                on_step=on_step)
+        simulated = run_trace(requests_from_trace(trace), Engine(Scheduler(config), cost_model))
+        m, s = summarize(measured), summarize(simulated)
+        results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s)}
+        runs[policy] = (measured, simulated)
+    return results, runs
 
 
 def format_errors(results: dict) -> str:

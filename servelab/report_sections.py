@@ -64,14 +64,13 @@ class MeasuredWorkload:
 def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
                           ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy measured on the executor and simulated with the calibration."""
-    from executor.replay import measured_run
     from executor.threads import configure_cpu_threads
 
     configure_cpu_threads(None)
     import torch
 
     from executor.backend import load_model
-    from servelab.cmd_validate import signed_errors
+    from servelab.cmd_validate import measure_and_simulate
     from sim.calibrated import CalibratedCostModel
 
     trace = load_bundled("azure-conv")
@@ -80,15 +79,9 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
     cost_model = CalibratedCostModel.load(workload.cost_model)
     model = load_model(workload.model, torch.device("cpu"), torch.float32, seed=0)
     num_blocks = cost_model.meta.get("num_blocks", 4096)
-    results, runs = {}, {}
-    for policy in policies:
-        config = SchedulerConfig(policy=policy, num_blocks=num_blocks, max_model_len=2048)
-        measured = measured_run(requests_from_trace(trace), config, model)
-        simulated = _simulate(requests_from_trace(trace), config, cost_model)
-        m, s = summarize(measured), summarize(simulated)
-        results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s)}
-        runs[policy] = (measured, simulated)
-    return results, runs
+    configs = {p: SchedulerConfig(policy=p, num_blocks=num_blocks, max_model_len=2048)
+               for p in policies}
+    return measure_and_simulate(trace, configs, model, cost_model)
 
 
 def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -> Section:
