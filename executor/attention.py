@@ -21,8 +21,9 @@ PV_CHUNK = 128  # keys per P @ V matmul; MKL keeps reductions up to 192 long in 
 
 def gather_kv(cache: torch.Tensor, group: AttnGroup) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's keys and values for a group, each [n_kv_heads * B, kv_pad, D]."""
-    heads2, _, _, dim = cache.shape
-    picked = cache.index_select(1, group.blocks.reshape(-1))  # [2 * Hkv, B * nblk, bs, D]
+    heads2, blocks, size, dim = cache.shape
+    # Whole (head, block) slabs picked along dim 0 copy twice as fast as along the block dim.
+    picked = cache.view(heads2 * blocks, size * dim).index_select(0, group.kv_slabs)
     kv = picked.view(2, heads2 // 2 * group.num_seqs, group.kv_pad, dim)
     return kv[0], kv[1]
 

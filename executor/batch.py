@@ -40,7 +40,7 @@ class Segment:
 class AttnGroup:
     """Sequences attended in one batched matmul, padded to q_pad queries and kv_pad keys."""
 
-    blocks: torch.Tensor  # [B, kv_pad // block_size] block ids, 0-padded
+    kv_slabs: torch.Tensor  # [2 * Hkv * B * nblk]: (K|V head, block) rows, head-major, 0-padded
     q_index: torch.Tensor  # [B * q_pad] step row of each query (pads repeat the last row)
     bias: torch.Tensor  # [B, q_pad, kv_pad] float32: 0 where the key is visible, else -inf
     out_index: torch.Tensor  # [R] index into the B * q_pad queries of each real row
@@ -120,7 +120,7 @@ def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args
         for key in np.unique(bucket[member]):
             idx = np.flatnonzero(member & (bucket == key))
             groups.append(_group(idx, starts, lens, row_start, tables, need, bs, kv_step,
-                                 q_min, args.sliding_window, device))
+                                 q_min, args, block_manager.num_blocks, device))
     return StepInputs(
         token_ids=_tensor(np.array(tokens, dtype=np.int64), device),
         positions=_tensor(positions, device), slots=_tensor(slots, device),
@@ -136,7 +136,7 @@ def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _group(idx: np.ndarray, starts: np.ndarray, lens: np.ndarray, row_start: np.ndarray,
            tables: np.ndarray, need: np.ndarray, bs: int, kv_step: int, q_min: int,
-           sliding_window: int | None, device: torch.device) -> AttnGroup:
+           args: ModelArgs, pool_blocks: int, device: torch.device) -> AttnGroup:
     n, c, first = lens[idx], starts[idx], row_start[idx]
     q_pad = max(int(n.max()), q_min)
     num_blocks = -(-int(need[idx].max()) // kv_step) * kv_step
@@ -145,16 +145,24 @@ def _group(idx: np.ndarray, starts: np.ndarray, lens: np.ndarray, row_start: np.
     limits = (c[:, None] + q_off)[:, :, None]  # last visible key position of each query
     keys = np.arange(kv_pad)
     visible = keys <= limits  # [B, q_pad, kv_pad]
-    if sliding_window is not None:
-        visible &= keys > limits - sliding_window
+    if args.sliding_window is not None:
+        visible &= keys > limits - args.sliding_window
     # Adding 0 leaves a score bit-exact; an additive mask is ~10x faster than masked_fill.
     bias = np.where(visible, np.float32(0.0), np.float32(-np.inf))
     seq = np.repeat(np.arange(len(idx)), n)
     within = np.arange(len(seq)) - np.repeat(np.cumsum(n) - n, n)
     return AttnGroup(
-        blocks=_tensor(tables[idx, :num_blocks], device),
+        kv_slabs=_tensor(_kv_slabs(tables[idx, :num_blocks], args.n_kv_heads, pool_blocks),
+                         device),
         q_index=_tensor((first[:, None] + q_off).reshape(-1), device),
         bias=_tensor(bias, device), out_index=_tensor(seq * q_pad + within, device),
         rows=_tensor(first[seq] + within, device),
         num_seqs=len(idx), q_pad=q_pad, kv_pad=kv_pad,
     )
+
+
+def _kv_slabs(blocks: np.ndarray, n_kv_heads: int, pool_blocks: int) -> np.ndarray:
+    """Rows of a layer's cache viewed [2 * Hkv * num_blocks, block_size * D] holding the
+    group's blocks [B, nblk], for every K then V head: [2 * Hkv * B * nblk]."""
+    heads = np.arange(2 * n_kv_heads, dtype=np.int64)[:, None] * pool_blocks
+    return (heads + blocks.reshape(1, -1)).reshape(-1)
