@@ -1,4 +1,4 @@
-"""CPU threading for the executor; call configure_cpu_threads() before torch is imported.
+"""CPU threads and allocator for the executor; call configure_cpu_threads() before torch loads.
 
 Default: one thread per core, pinned (OMP_PROC_BIND=close, OMP_PLACES=cores). Unpinned,
 torch's spinning OpenMP threads made peer-model steps 4-6x slower on a 2-vCPU VM (a whole
@@ -11,15 +11,27 @@ When other processes keep a core busy, two pinned threads wait on each other (wh
 dropped to 110-150 tok/s); pass num_threads=1 (`--threads 1`) on such a shared machine.
 OpenMP reads these variables when torch loads it, so they only take effect if set before
 `import torch`; values the user already set win. The thread count works at any time.
+
+The allocator: glibc serves blocks over its mmap threshold (at most 32 MiB) with fresh
+mmaps, so every large step buffer (gathered KV, attention scores) page-faults in anew on
+each use. Raising the threshold keeps them in the heap for reuse: measured on the peer model,
+64 decodes at 1,792 tokens of KV went from 540-620 ms to 218-224 ms a step, 16 at 1,024
+from 85-91 to 41-51 ms, a 1,024-token prefill from 395-435 to 328-340 ms. Skipped when the
+user set MALLOC_MMAP_THRESHOLD_ or the C library is not glibc.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 
 # OpenMP settings applied when torch is not imported yet (user-set values win).
 OMP_DEFAULTS = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+# glibc mallopt parameters (malloc.h) and the values set: blocks up to 1 GiB come from the
+# heap, and up to 2 GiB of free heap stays mapped instead of being trimmed after each step.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES = 1 << 30, 1 << 31
 
 
 def configure_cpu_threads(num_threads: int | None = None) -> int:
@@ -34,10 +46,23 @@ def configure_cpu_threads(num_threads: int | None = None) -> int:
     if "torch" not in sys.modules:
         for key, value in OMP_DEFAULTS.items():
             os.environ.setdefault(key, value)
+    keep_large_allocations()
     import torch
 
     torch.set_num_threads(count)
     return torch.get_num_threads()
+
+
+def keep_large_allocations() -> bool:
+    """Let glibc reuse large freed blocks instead of unmapping them; False if not applied."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+                    and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return False
 
 
 def _available_cores() -> int:

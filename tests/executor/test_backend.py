@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 from executor.backend import ModelBackend, load_model, resolve_device, resolve_dtype
-from executor.threads import configure_cpu_threads
+from executor.threads import configure_cpu_threads, keep_large_allocations
 from executor.weights import save_hf_checkpoint
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, Request
@@ -97,6 +99,13 @@ def test_configure_cpu_threads_sets_and_validates():
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="num_threads"):
         configure_cpu_threads(0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt is Linux-only")
+def test_large_allocations_stay_in_the_heap_unless_the_user_chose(monkeypatch):
+    assert keep_large_allocations()  # glibc accepted both settings
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert not keep_large_allocations()  # the user's own threshold wins
 
 
 def test_bfloat16_on_cpu_runs(tiny_model):
