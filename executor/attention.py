@@ -52,11 +52,12 @@ def group_attention(q: torch.Tensor, cache: torch.Tensor, group: AttnGroup,
 
 
 def paged_attention(q: torch.Tensor, cache: torch.Tensor, groups: list[AttnGroup],
-                    scale: float) -> torch.Tensor:
-    """Attention for all T step rows, q [T, H, D] -> [T, H * D]; KV already written."""
-    if len(groups) == 1:  # one group holds every row, in order
+                    scale: float, num_tokens: int) -> torch.Tensor:
+    """Attention for all P step rows, q [P, H, D] -> [P, H * D]; KV already written.
+    Rows past num_tokens (StepInputs padding) come out as zeros."""
+    if len(groups) == 1 and num_tokens == q.shape[0]:  # one group holds every row, in order
         return group_attention(q, cache, groups[0], scale)
-    out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
     for group in groups:
         out.index_copy_(0, group.rows, group_attention(q, cache, group, scale))
     return out

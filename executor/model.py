@@ -1,7 +1,8 @@
 """A Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU) over a flat ragged batch of tokens.
 
 Plain nn.Modules in the style of gpt-fast. The forward takes all tokens of a step as one
-[T, dim] tensor and returns logits only for the rows that sample (StepInputs.logit_rows).
+[P, dim] tensor (T real rows, then padding rows that only the linear layers see) and
+returns logits only for the rows that sample (StepInputs.logit_rows).
 Norms, RoPE and the MLP follow Hugging Face's Llama/Qwen2 modules op for op, so checkpoints
 give HF's logits (attention agrees to ~1e-7, see tests/executor/test_hf_parity.py).
 """
@@ -86,12 +87,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 inputs: StepInputs, cache: torch.Tensor) -> torch.Tensor:
-        t, h, d = x.shape[0], self.n_heads, self.head_dim
-        qkv = self.wqkv(x)  # [T, (H + 2 Hkv) * D]
-        qk = apply_rope(qkv[:, :self.qk_dim].view(t, h + self.n_kv_heads, d), cos, sin)
-        v = qkv[:, self.qk_dim:].view(t, self.n_kv_heads, d)  # [T, Hkv, D]
-        write_kv(cache, qk[:, h:], v, inputs.slots)
-        out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale)  # [T, H*D]
+        p, t, h, d = x.shape[0], inputs.num_tokens, self.n_heads, self.head_dim
+        qkv = self.wqkv(x)  # [P, (H + 2 Hkv) * D]; rows past T are padding
+        qk = apply_rope(qkv[:, :self.qk_dim].view(p, h + self.n_kv_heads, d), cos, sin)
+        v = qkv[:, self.qk_dim:].view(p, self.n_kv_heads, d)  # [P, Hkv, D]
+        write_kv(cache, qk[:t, h:], v[:t], inputs.slots)
+        out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale, t)  # [P, H*D]
         return self.wo(out)
 
 
@@ -154,9 +155,9 @@ class Transformer(nn.Module):
 
     def forward(self, inputs: StepInputs, kv: KVCache) -> torch.Tensor:
         """Logits [S, vocab] in float32 for inputs.logit_rows; writes this step's KV."""
-        x = F.embedding(inputs.token_ids, self.tok_embeddings)  # [T, dim]
+        x = F.embedding(inputs.token_ids, self.tok_embeddings)  # [P, dim]
         cos, sin = self.rope_tables(x.device, x.dtype)
-        cos, sin = cos[inputs.positions], sin[inputs.positions]  # [T, D/2]
+        cos, sin = cos[inputs.positions], sin[inputs.positions]  # [P, D/2]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, inputs, kv.layer(i))
         if inputs.logit_rows.numel() == 0:  # only mid-prompt chunks: nothing samples

@@ -3,7 +3,8 @@
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, and mixed
 batches (a chunk riding with decodes). Each point is a BatchPlan built the scheduler's way
 (sim.plan.add_to_plan) over requests whose KV blocks are allocated, run several times
-through ModelBackend.execute; the median measured duration is the point's step time.
+through ModelBackend.execute, in rounds over the grid; the median measured duration is the
+point's step time.
 """
 
 from __future__ import annotations
@@ -55,36 +56,50 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
             and p.kv_tokens <= max_kv_tokens]
 
 
-def _build_plan(point: ProfilePoint, backend: ModelBackend, rng: np.random.Generator
+def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
                 ) -> BatchPlan:
-    bm = backend.block_manager
-    vocab = backend.model.args.vocab_size
     plan = BatchPlan()
-    for i, (start, n) in enumerate(point.shares):
-        length = start + n
-        tokens = rng.integers(3, vocab, length).tolist()
-        request = Request(f"profile-{i}", 0.0, length, 1, prompt_token_ids=tokens)
+    for i, ((start, n), tokens) in enumerate(zip(point.shares, prompts, strict=True)):
+        request = Request(f"profile-{i}", 0.0, start + n, 1, prompt_token_ids=tokens)
         request.num_computed_tokens = start
-        bm.allocate(request.request_id, length)
+        backend.block_manager.allocate(request.request_id, start + n)
         add_to_plan(plan, request, n)
     return plan
 
 
+def _run_once(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
+              ) -> tuple[BatchPlan, float]:
+    plan = _build_plan(point, backend, prompts)
+    duration = backend.execute(plan).duration_s
+    for request in plan.requests:
+        backend.block_manager.free(request.request_id)
+        backend.free(request)
+    return plan, duration
+
+
 def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,
-            seed: int = 0, on_point: Callable[[], None] | None = None
+            seed: int = 0, on_run: Callable[[], None] | None = None
             ) -> tuple[list[BatchPlan], np.ndarray]:
-    """The plan of each point and its median step seconds [n] (features come from plans)."""
+    """The plan of each point and its median step seconds [n] (features come from plans).
+
+    A warm-up round over the whole grid, then `repeats` timed rounds: a point's runs are
+    spread over the profile instead of back to back, so a slow spell on a shared machine
+    lands on every point alike instead of on a few (back-to-back medians of the same grid
+    differed by 13% median between two profiles on a 2-vCPU VM). on_run: after each run.
+    """
     rng = np.random.default_rng(seed)
-    plans, durations = [], []
-    for point in points:
-        plan = _build_plan(point, backend, rng)
-        backend.execute(plan)  # warm-up: first touch of the blocks and kernels
-        times = [backend.execute(plan).duration_s for _ in range(repeats)]
-        for request in plan.requests:
-            backend.block_manager.free(request.request_id)
-            backend.free(request)
-        plans.append(plan)
-        durations.append(float(np.median(times)))
-        if on_point is not None:
-            on_point()
-    return plans, np.asarray(durations)
+    vocab = backend.model.args.vocab_size
+    prompts = [[rng.integers(3, vocab, start + n).tolist() for start, n in point.shares]
+               for point in points]
+    times = np.empty((repeats, len(points)))
+    plans = []
+    for round_ in range(repeats + 1):
+        for i, point in enumerate(points):
+            plan, duration = _run_once(point, backend, prompts[i])
+            if round_ == 0:
+                plans.append(plan)
+            else:
+                times[round_ - 1, i] = duration
+            if on_run is not None:
+                on_run()
+    return plans, np.median(times, axis=0)

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     cal.add_argument("--max-model-len", type=int, default=None)
-    cal.add_argument("--repeats", type=int, default=5, help="runs per shape (median taken)")
+    cal.add_argument("--repeats", type=int, default=9,
+                     help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
     cal.add_argument("--seed", type=int, default=0, help="random weights and prompt tokens")
     cal.set_defaults(func=_run)
@@ -70,8 +71,8 @@ def _run(args: argparse.Namespace) -> int:
 
     backend = ModelBackend(loaded.model, BlockManager(num_blocks, args.block_size))
     points = profile_grid(max_model_len, num_blocks * args.block_size, quick=args.quick)
-    with tqdm(total=len(points), unit="shape", file=sys.stderr, leave=False,
-              disable=None) as bar:
+    with tqdm(total=len(points) * (args.repeats + 1), unit="step", file=sys.stderr,
+              leave=False, disable=None) as bar:
         plans, durations = measure(backend, points, args.repeats, args.seed, bar.update)
     held = np.arange(len(points)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     knee = choose_knee(plans, durations, ~held)  # on the fitted shapes only

@@ -80,3 +80,21 @@ def test_logits_do_not_depend_on_the_thread_count(tiny_model):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(results[0], results[1])
+
+
+def test_prefill_steps_pad_rows_for_the_linears_only(tiny_model):
+    from executor.batch import PREFILL_ROW_MULTIPLE, Segment, build_step_inputs
+
+    driver = Driver(tiny_model)
+    a, b = make_request("a", 5), make_request("b", 40)
+    driver.step([(b, 39)])
+    for request, n in ((a, 5), (b, 1)):
+        driver.block_manager.allocate(request.request_id, request.num_computed_tokens + n)
+    segments = [Segment(a, 0, 5, True), Segment(b, 39, 1, True)]
+    inputs = build_step_inputs(segments, driver.block_manager, tiny_model.args,
+                               torch.device("cpu"))
+    assert inputs.num_tokens == 6 and len(inputs.slots) == 6  # only real rows write KV
+    assert len(inputs.token_ids) == PREFILL_ROW_MULTIPLE  # the linears see a padded count
+    decode_only = build_step_inputs([Segment(b, 39, 1, True)], driver.block_manager,
+                                    tiny_model.args, torch.device("cpu"))
+    assert len(decode_only.token_ids) == 1  # decode batch sizes repeat: no padding
