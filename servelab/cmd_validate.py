@@ -7,6 +7,7 @@ metric: the simulator's accuracy as a number, not a claim.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_args(val, positional=False)
     val.add_argument("--policies", default="static,continuous,recompute,chunked")
     val.add_argument("--cost-model", type=Path, required=True, help="calibration JSON")
+    val.add_argument("--repeats", type=int, default=1,
+                     help="measured runs per policy, in A B .. B A order; medians are compared "
+                          "and the runs' spread is printed as the machine's noise floor")
     add_scheduler_args(val)
     add_model_args(val)
     val.add_argument("--json", type=Path, default=None, help="write the result as JSON")
@@ -56,20 +60,24 @@ def signed_errors(measured: dict, simulated: dict) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     cost_model = CalibratedCostModel.load(args.cost_model)
     trace = load_trace_from_args(args)
     loaded = load_model_from_args(args)
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
     max_len = loaded.max_model_len(args.max_model_len)
     configs = {p: scheduler_config(args, p, num_blocks, max_len) for p in policies}
-    bar = tqdm(total=len(trace) * len(policies), unit="req", file=sys.stderr, leave=False,
-               disable=None)
+    bar = tqdm(total=len(trace) * len(policies) * args.repeats, unit="req", file=sys.stderr,
+               leave=False, disable=None)
     results, runs = measure_and_simulate(trace, configs, loaded.model, cost_model, args.seed,
-                                         on_step=lambda _now, done: bar.update(len(done)))
+                                         on_step=lambda _now, done: bar.update(len(done)),
+                                         repeats=args.repeats)
     bar.close()
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {args.cost_model}")
     print(format_errors(results))
+    print(format_overall(results))
     if args.out is not None:
         _write_out(args.out, trace.name, results, runs)
     if args.json is not None:
@@ -77,28 +85,73 @@ def _run(args: argparse.Namespace) -> int:
             "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
             "config": {"model": loaded.name, "device": str(loaded.device),
                        "cost_model": str(args.cost_model), "num_blocks": num_blocks},
-            "results": results,
+            "results": results, "overall": overall(results), "repeats": args.repeats,
         })
     return 0
 
 
 def measure_and_simulate(trace: Trace, configs: dict[str, SchedulerConfig], model,
-                         cost_model: CalibratedCostModel, seed: int = 0, on_step=None
-                         ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
+                         cost_model: CalibratedCostModel, seed: int = 0, on_step=None,
+                         repeats: int = 1) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy's config run measured on `model` and simulated with `cost_model`:
-    per policy the two summaries and the signed errors, and the two runs."""
+    per policy the two summaries and the signed errors, and the (first measured, simulated)
+    runs. With repeats > 1 the measured runs go A B .. B A so a slow spell of a shared machine
+    hits every policy alike; the measured summary holds each metric's median over the runs,
+    and `spread` its (max - min) / median: how far the machine moves one measurement."""
     from executor.replay import measured_run
 
     prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
+    measured: dict[str, list[RunResult]] = {policy: [] for policy in configs}
+    for round_ in range(repeats):
+        order = list(configs) if round_ % 2 == 0 else list(reversed(configs))
+        for policy in order:
+            measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
+                                                 model, seed, prefixes, on_step=on_step))
     results, runs = {}, {}
     for policy, config in configs.items():
-        measured = measured_run(requests_from_trace(trace), config, model, seed, prefixes,
-                                on_step=on_step)
         simulated = run_trace(requests_from_trace(trace), Engine(Scheduler(config), cost_model))
-        m, s = summarize(measured), summarize(simulated)
-        results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s)}
-        runs[policy] = (measured, simulated)
+        m, spread = _median_summary([summarize(run) for run in measured[policy]])
+        s = summarize(simulated)
+        results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s),
+                           "spread": spread}
+        runs[policy] = (measured[policy][0], simulated)
     return results, runs
+
+
+def _median_summary(summaries: list[dict]) -> tuple[dict, dict]:
+    """The first summary with each validated metric replaced by its median over all, and
+    each metric's spread (max - min) / median (0 for one run, None where undefined)."""
+    merged, spread = dict(summaries[0]), {}
+    for key in VALIDATED:
+        values = [s[key] for s in summaries if s.get(key) is not None]
+        if len(values) < len(summaries):
+            spread[key] = None
+            continue
+        middle = statistics.median(values)
+        merged[key] = middle
+        spread[key] = (max(values) - min(values)) / middle if middle else None
+    return merged, spread
+
+
+def overall(results: dict) -> dict:
+    """Median and largest |error| over every policy and metric, and the median spread."""
+    errors = [abs(e) for r in results.values() for e in r["error"].values() if e is not None]
+    spreads = [v for r in results.values() for v in r["spread"].values() if v is not None]
+    return {"median_abs_error": statistics.median(errors) if errors else None,
+            "max_abs_error": max(errors) if errors else None,
+            "median_spread": statistics.median(spreads) if spreads else None}
+
+
+def format_overall(results: dict) -> str:
+    o = overall(results)
+    if o["median_abs_error"] is None:
+        return "no metric could be compared"
+    text = (f"median |error| {o['median_abs_error']:.1%}, "
+            f"largest {o['max_abs_error']:.1%} over {len(results)} policies")
+    if o["median_spread"]:
+        text += (f"; measured runs of the same policy differed by {o['median_spread']:.1%} "
+                 f"(median over metrics)")
+    return text
 
 
 def format_errors(results: dict) -> str:

@@ -31,18 +31,32 @@ def test_calibrate_then_validate_and_simulate_with_the_calibration(tmp_path, cap
     assert saved["meta"]["model"] == "tiny" and "holdout_error" in saved["meta"]
     out = tmp_path / "val.json"
     code = main(["validate", "--trace", TRACE, "--policies", "continuous,static", *MODEL,
-                 "--cost-model", str(cal), "--json", str(out), "--out", str(tmp_path / "v")])
+                 "--cost-model", str(cal), "--json", str(out), "--out", str(tmp_path / "v"),
+                 "--repeats", "2"])
     assert code == 0, capsys.readouterr().err
-    result = json.loads(out.read_text())["results"]
+    assert "measured runs of the same policy differed by" in capsys.readouterr().out
+    saved_val = json.loads(out.read_text())
+    result = saved_val["results"]
     assert set(result) == {"continuous", "static"}
     for policy in result.values():
         assert policy["measured"]["completed"] == policy["simulated"]["completed"] == 24
         assert "output_throughput" in policy["error"]
+        assert policy["spread"]["median_e2el_ms"] >= 0
+    assert saved_val["repeats"] == 2 and saved_val["overall"]["max_abs_error"] is not None
     assert (tmp_path / "v" / "fidelity_errors.png").exists()
     sim_json = tmp_path / "sim.json"
     assert main(["simulate", "--trace", TRACE, "--cost-model", str(cal),
                  "--json", str(sim_json)]) == 0
     assert json.loads(sim_json.read_text())["results"]["continuous"]["completed"] == 24
+
+
+def test_validate_measured_summary_is_the_median_of_its_runs():
+    from servelab.cmd_validate import _median_summary
+
+    runs = [{"output_throughput": v, "median_ttft_ms": None, "completed": 5} for v in (90, 110)]
+    merged, spread = _median_summary(runs)
+    assert merged["output_throughput"] == 100 and merged["completed"] == 5
+    assert spread["output_throughput"] == 0.2 and spread["median_ttft_ms"] is None
 
 
 def test_validate_rejects_a_bad_calibration_file(tmp_path, capsys):
