@@ -52,6 +52,7 @@ class MeasuredWorkload:
     max_requests: int = 150
     length_scale: float = 0.1
     qps_scale: float = 6.0
+    repeats: int = 2  # measured runs per policy, A B .. B A (cmd_validate.measure_and_simulate)
     model: str = "peer-45m"
     cost_model: Path = Path("reports/calibration/peer-45m-cpu.json")
 
@@ -81,7 +82,7 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
     num_blocks = cost_model.meta.get("num_blocks", 4096)
     configs = {p: SchedulerConfig(policy=p, num_blocks=num_blocks, max_model_len=2048)
                for p in policies}
-    return measure_and_simulate(trace, configs, model, cost_model)
+    return measure_and_simulate(trace, configs, model, cost_model, repeats=workload.repeats)
 
 
 def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -> Section:
@@ -103,21 +104,24 @@ def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -
 
 
 def fidelity(results: dict, runs: dict, workload: MeasuredWorkload, out: Path) -> Section:
+    from servelab.cmd_validate import overall
     from sim.fidelity_charts import write_fidelity_charts
 
     paths = write_fidelity_charts(results, runs, out, workload.describe())
-    errors = [abs(e) for r in results.values() for e in r["error"].values() if e is not None]
-    median, worst = float(np.median(errors)), float(np.max(errors))
-    finding = (f"The simulator's median |error| is {median:.1%} over {len(errors)} "
-               f"policy-metric pairs, the worst {worst:.0%}")
+    summary = overall(results)
+    median, worst = summary["median_abs_error"], summary["max_abs_error"]
+    finding = (f"The simulator's median |error| is {median:.1%} over every policy and metric, "
+               f"the worst {worst:.0%}")
+    if summary["median_spread"]:
+        finding += (f"; {workload.repeats} measured runs of one policy differed by "
+                    f"{summary['median_spread']:.1%} (median)")
     rows = ["| policy | metric | measured | simulated | error |", "|---|---|---:|---:|---:|"]
     for policy, r in results.items():
         for key, error in r["error"].items():
             m, s = r["measured"].get(key), r["simulated"].get(key)
             rows.append(f"| {policy} | {key} | {_num(m)} | {_num(s)} | "
                         f"{'-' if error is None else f'{error:+.1%}'} |")
-    return Section("Simulator fidelity", finding, paths, "\n".join(rows),
-                   {"median_abs_error": median, "max_abs_error": worst})
+    return Section("Simulator fidelity", finding, paths, "\n".join(rows), summary)
 
 
 def _num(value: float | None) -> str:

@@ -19,6 +19,7 @@ from sim.core import BatchPlan, Request, StepResult
 # One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
 FEATURES = (
     "constant",  # per-step overhead: scheduling, input building, Python, launches
+    "prefill_step",  # 1 if a prefill chunk runs: the prefill path's own per-step overhead
     "tokens",  # every computed row (prefill tokens + decode rows + padding): linear layers
     "sampled",  # rows with logits: lm_head and sampling
     "seqs",  # sequences in the step: per-sequence index building and gathers
@@ -39,6 +40,7 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
     decode_kv_padded = plan.decode_seqs * plan.decode_context_max
     return [
         1.0,
+        1.0 if plan.prefill_seqs else 0.0,
         float(plan.prefill_tokens + plan.decode_seqs),
         float(plan.num_sampled),
         float(plan.prefill_seqs + plan.decode_seqs),
