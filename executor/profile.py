@@ -1,10 +1,10 @@
 """Profile the executor's step time over a grid of batch shapes, for the calibrated cost model.
 
-Grid: prefill chunks x context lengths, decode batch sizes x context spreads, and mixed
-batches (a chunk riding with decodes). Each point is a BatchPlan built the scheduler's way
-(sim.plan.add_to_plan) over requests whose KV blocks are allocated, run several times
-through ModelBackend.execute, in rounds over the grid; the median measured duration is the
-point's step time.
+Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
+(a chunk riding with decodes) and ragged steps (prompt bursts with decodes). Each point is a
+BatchPlan built the scheduler's way (sim.plan.add_to_plan) over requests whose KV blocks are
+allocated, run several times through ModelBackend.execute, in rounds over the grid; the
+median measured duration is the point's step time.
 """
 
 from __future__ import annotations
@@ -52,8 +52,24 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
         for n in chunks[1::2]:
             shares = ((256, n),) + tuple((lengths[1], 1) for _ in range(b))
             points.append(ProfilePoint("mixed", shares))
+    points += _ragged_steps(quick)
     return [p for p in points if max(s + n for s, n in p.shares) < max_model_len
             and p.kv_tokens <= max_kv_tokens]
+
+
+def _ragged_steps(quick: bool) -> list[ProfilePoint]:
+    """Steps as traces make them: a burst of whole prompts of spread lengths (lognormal,
+    median 128) with decodes of spread contexts (median 256) riding along. A fixed seed, so
+    every machine profiles the same shapes."""
+    rng = np.random.default_rng(0)
+    points = []
+    for prompts in ((2, 8) if quick else (2, 4, 8, 16)):
+        for riders in ((0, 16) if quick else (0, 8, 32)):
+            lens = np.clip(rng.lognormal(np.log(128), 0.8, prompts), 8, 1024).astype(int)
+            ctxs = np.clip(rng.lognormal(np.log(256), 0.7, riders), 16, 1536).astype(int)
+            shares = tuple((0, int(n)) for n in lens) + tuple((int(c), 1) for c in ctxs)
+            points.append(ProfilePoint("mixed" if riders else "prefill", shares))
+    return points
 
 
 def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
