@@ -1,6 +1,7 @@
 """Turn a BatchPlan into the index tensors of one ragged forward (StepInputs).
 
-All tokens of a step are flattened into T rows for the linear layers. For attention the
+All T tokens of a step are flattened into rows for the linear layers (P >= T rows: steps
+with a prefill chunk round up to PREFILL_ROW_MULTIPLE). For attention the
 sequences form groups (one-token rows apart from prefill chunks, split by context length in
 powers of two), each padded to `q_pad` query rows and `kv_pad` keys so one batched matmul
 serves the group. The padding rules keep every row's arithmetic independent of its batch
