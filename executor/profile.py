@@ -4,7 +4,8 @@ Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mi
 (a chunk riding with decodes) and ragged steps (prompt bursts with decodes). Each point is a
 BatchPlan built the scheduler's way (sim.plan.add_to_plan) over requests whose KV blocks are
 allocated, run several times through ModelBackend.execute, in rounds over the grid; the
-median measured duration is the point's step time.
+median measured duration is the point's step time, and the runs' spread around it the
+calibration's step jitter.
 """
 
 from __future__ import annotations
@@ -93,29 +94,52 @@ def _run_once(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int
     return plan, duration
 
 
+class GridProfile:
+    """The grid's shapes with fixed prompt tokens, timed one round (every shape once) at a
+    time, so rounds can be spread over a session: back to back (`measure`) or between the
+    measured runs of `servelab validate`."""
+
+    def __init__(self, backend: ModelBackend, points: list[ProfilePoint], seed: int = 0
+                 ) -> None:
+        rng = np.random.default_rng(seed)
+        vocab = backend.model.args.vocab_size
+        self.backend, self.points = backend, points
+        self.prompts = [[rng.integers(3, vocab, start + n).tolist() for start, n in p.shares]
+                        for p in points]
+        self.plans: list[BatchPlan] = []  # each point's plan (for its features)
+        self.rounds: list[list[float]] = []  # timed rounds' step seconds, one per point
+
+    def run_round(self, timed: bool = True, on_run: Callable[[], None] | None = None) -> None:
+        """Run every shape once; keep the times unless this is a warm-up (timed=False)."""
+        times = []
+        for point, prompts in zip(self.points, self.prompts, strict=True):
+            plan, duration = _run_once(point, self.backend, prompts)
+            times.append(duration)
+            if len(self.plans) < len(self.points):
+                self.plans.append(plan)
+            if on_run is not None:
+                on_run()
+        if timed:
+            self.rounds.append(times)
+
+    @property
+    def times(self) -> np.ndarray:
+        """[timed rounds, points] step seconds."""
+        return np.asarray(self.rounds, dtype=float).reshape(len(self.rounds), len(self.points))
+
+
 def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,
             seed: int = 0, on_run: Callable[[], None] | None = None
             ) -> tuple[list[BatchPlan], np.ndarray]:
-    """The plan of each point and its median step seconds [n] (features come from plans).
+    """The plan of each point and its step seconds in each timed round [repeats, n].
 
     A warm-up round over the whole grid, then `repeats` timed rounds: a point's runs are
     spread over the profile instead of back to back, so a slow spell on a shared machine
     lands on every point alike instead of on a few (back-to-back medians of the same grid
     differed by 13% median between two profiles on a 2-vCPU VM). on_run: after each run.
     """
-    rng = np.random.default_rng(seed)
-    vocab = backend.model.args.vocab_size
-    prompts = [[rng.integers(3, vocab, start + n).tolist() for start, n in point.shares]
-               for point in points]
-    times = np.empty((repeats, len(points)))
-    plans = []
-    for round_ in range(repeats + 1):
-        for i, point in enumerate(points):
-            plan, duration = _run_once(point, backend, prompts[i])
-            if round_ == 0:
-                plans.append(plan)
-            else:
-                times[round_ - 1, i] = duration
-            if on_run is not None:
-                on_run()
-    return plans, np.median(times, axis=0)
+    profile = GridProfile(backend, points, seed)
+    profile.run_round(timed=False, on_run=on_run)
+    for _ in range(repeats):
+        profile.run_round(on_run=on_run)
+    return profile.plans, profile.times

@@ -7,6 +7,7 @@ import datetime
 import math
 import platform
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from sim.calibrated import (
     CalibratedCostModel,
     fit_coefficients,
     plan_features,
+    step_jitter,
 )
 from sim.scheduler import SchedulerConfig
 
@@ -57,47 +59,99 @@ def choose_knee(plans: list, durations_s: np.ndarray, fit: np.ndarray) -> float:
     return best
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    loaded = load_model_from_args(args)
-    num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
-    max_model_len = loaded.max_model_len(args.max_model_len)
-    SchedulerConfig(num_blocks=num_blocks, block_size=args.block_size,
-                    max_model_len=max_model_len)  # validates the numbers
-    from executor.backend import ModelBackend
-    from executor.profile import measure, profile_grid
-    from sim.block_manager import BlockManager
+@dataclass(frozen=True)
+class Fit:
+    """A fitted calibration (no meta yet) and its errors on the profiled shapes."""
 
-    backend = ModelBackend(loaded.model, BlockManager(num_blocks, args.block_size))
-    points = profile_grid(max_model_len, num_blocks * args.block_size, quick=args.quick)
-    with tqdm(total=len(points) * (args.repeats + 1), unit="step", file=sys.stderr,
-              leave=False, disable=None) as bar:
-        plans, durations = measure(backend, points, args.repeats, args.seed, bar.update)
-    held = np.arange(len(points)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    model: CalibratedCostModel
+    fit_error: np.ndarray  # every shape, the final fit
+    held_error: np.ndarray  # held-out shapes, a fit without them
+
+    def summary(self) -> dict:
+        fit, held = self.fit_error, self.held_error
+        return {"fit_error": {"median": float(np.median(fit)), "max": float(fit.max())},
+                "holdout_error": {"median": float(np.median(held)),
+                                  "p90": float(np.percentile(held, 90)),
+                                  "max": float(held.max())}}
+
+    def describe(self) -> str:
+        knee = self.model.knee_tokens
+        jitter = self.model.jitter
+        spread = (f"runs spread p10 {np.interp(0.1, np.linspace(0, 1, len(jitter)), jitter):.2f}"
+                  f" .. p90 {np.interp(0.9, np.linspace(0, 1, len(jitter)), jitter):.2f} of "
+                  f"their shape's median" if jitter else "no step jitter (one timed round)")
+        return "\n".join([
+            f"decode KV knee: {'none' if math.isinf(knee) else f'{knee:.0f} tokens'}; {spread}",
+            f"fit error (all shapes): median {np.median(self.fit_error):.1%}, "
+            f"max {self.fit_error.max():.1%}",
+            f"held-out shapes ({len(self.held_error)}): median {np.median(self.held_error):.1%}"
+            f", p90 {np.percentile(self.held_error, 90):.1%}, max {self.held_error.max():.1%}"])
+
+
+def fit_profile(plans: list, times_s: np.ndarray) -> Fit:
+    """Fit the cost model to profiled rounds ([rounds, shapes] seconds): coefficients and
+    knee on each shape's median, every HOLDOUT_EVERY-th shape held out for a trial fit, and
+    the step jitter from the rounds' spread (when there are two or more)."""
+    times_s = np.asarray(times_s, dtype=float)
+    durations = np.median(times_s, axis=0)
+    held = np.arange(len(plans)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     knee = choose_knee(plans, durations, ~held)  # on the fitted shapes only
     features = np.asarray([plan_features(plan, knee) for plan in plans])
     trial = CalibratedCostModel(tuple(fit_coefficients(features[~held], durations[~held])),
                                 knee)
-    held_err = relative_errors(trial, features[held], durations[held])
-    final = CalibratedCostModel(tuple(fit_coefficients(features, durations)), knee)
-    fit_err = relative_errors(final, features, durations)
-    meta = _meta(args, loaded, num_blocks, max_model_len, len(points), fit_err, held_err)
-    model = CalibratedCostModel(final.coefficients, knee, meta)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    model.save(args.out)
+    final = CalibratedCostModel(tuple(fit_coefficients(features, durations)), knee,
+                                step_jitter(times_s) if len(times_s) >= 2 else ())
+    return Fit(final, relative_errors(final, features, durations),
+               relative_errors(trial, features[held], durations[held]))
+
+
+def profile_backend(loaded, block_size: int, kv_cache_gib: float,
+                    max_model_len: int | None, quick: bool = False):
+    """A ModelBackend on its own KV pool and the grid it can hold; with the pool's numbers."""
+    from executor.backend import ModelBackend
+    from executor.profile import profile_grid
+    from sim.block_manager import BlockManager
+
+    num_blocks = loaded.kv_blocks(block_size, kv_cache_gib)
+    max_len = loaded.max_model_len(max_model_len)
+    SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
+                    max_model_len=max_len)  # validates the numbers
+    backend = ModelBackend(loaded.model, BlockManager(num_blocks, block_size))
+    return backend, profile_grid(max_len, num_blocks * block_size, quick=quick), num_blocks, max_len
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    loaded = load_model_from_args(args)
+    backend, points, num_blocks, max_len = profile_backend(
+        loaded, args.block_size, args.kv_cache_gib, args.max_model_len, args.quick)
+    from executor.profile import measure
+
+    with tqdm(total=len(points) * (args.repeats + 1), unit="step", file=sys.stderr,
+              leave=False, disable=None) as bar:
+        plans, times = measure(backend, points, args.repeats, args.seed, bar.update)
+    fit = fit_profile(plans, times)
+    save_calibration(fit, args.out, calibration_meta(args, loaded, num_blocks, max_len,
+                                                     len(points), len(times)))
     print(f"profiled {len(points)} step shapes of {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads)")
-    print(f"decode KV knee: {'none' if math.isinf(knee) else f'{knee:.0f} tokens'}")
-    print(f"fit error (all shapes): median {np.median(fit_err):.1%}, max {fit_err.max():.1%}")
-    print(f"held-out shapes ({held.sum()}): median {np.median(held_err):.1%}, "
-          f"p90 {np.percentile(held_err, 90):.1%}, max {held_err.max():.1%}")
+    print(fit.describe())
     print(f"wrote {args.out}")
     return 0
 
 
-def _meta(args: argparse.Namespace, loaded, num_blocks: int, max_model_len: int,
-          num_points: int, fit_err: np.ndarray, held_err: np.ndarray) -> dict:
+def save_calibration(fit: Fit, path: Path, meta: dict) -> CalibratedCostModel:
+    """The fitted model with meta (and its errors) written to path."""
+    model = replace(fit.model, meta={**meta, **fit.summary()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    return model
+
+
+def calibration_meta(args: argparse.Namespace, loaded, num_blocks: int, max_model_len: int,
+                     num_points: int, repeats: int) -> dict:
+    """What a calibration was measured on (args: block_size, kv_cache_gib)."""
     import torch
 
     device = loaded.device
@@ -110,9 +164,5 @@ def _meta(args: argparse.Namespace, loaded, num_blocks: int, max_model_len: int,
         "date": datetime.date.today().isoformat(), "block_size": args.block_size,
         "num_blocks": num_blocks, "max_model_len": max_model_len,
         "kv_cache_gib": args.kv_cache_gib, "profiled_shapes": num_points,
-        "repeats": args.repeats,
-        "fit_error": {"median": float(np.median(fit_err)), "max": float(fit_err.max())},
-        "holdout_error": {"median": float(np.median(held_err)),
-                          "p90": float(np.percentile(held_err, 90)),
-                          "max": float(held_err.max())},
+        "repeats": repeats,
     }

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
+from servelab.cmd_calibrate import calibration_meta, fit_profile, profile_backend, save_calibration
 from servelab.model_args import add_model_args, load_model_from_args
 from servelab.sim_args import (
     add_scheduler_args,
@@ -38,7 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     val = subparsers.add_parser("validate", help="measured vs simulated on one trace")
     add_trace_args(val, positional=False)
     val.add_argument("--policies", default="static,continuous,recompute,chunked")
-    val.add_argument("--cost-model", type=Path, required=True, help="calibration JSON")
+    cal = val.add_mutually_exclusive_group(required=True)
+    cal.add_argument("--cost-model", type=Path, help="calibration JSON")
+    cal.add_argument("--calibrate", type=Path, metavar="FILE",
+                     help="calibrate in the same session instead: one round over the profile "
+                          "grid before each measured run and one after, fitted and written to "
+                          "FILE, so the calibration sees the machine the runs saw")
     val.add_argument("--repeats", type=int, default=1,
                      help="measured runs per policy, in A B .. B A order; medians are compared "
                           "and the runs' spread is printed as the machine's noise floor")
@@ -62,20 +69,42 @@ def _run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    cost_model = CalibratedCostModel.load(args.cost_model)
+    cost_model = None if args.cost_model is None else CalibratedCostModel.load(args.cost_model)
     trace = load_trace_from_args(args)
     loaded = load_model_from_args(args)
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
     max_len = loaded.max_model_len(args.max_model_len)
     configs = {p: scheduler_config(args, p, num_blocks, max_len) for p in policies}
-    bar = tqdm(total=len(trace) * len(policies) * args.repeats, unit="req", file=sys.stderr,
-               leave=False, disable=None)
-    results, runs = measure_and_simulate(trace, configs, loaded.model, cost_model, args.seed,
-                                         on_step=lambda _now, done: bar.update(len(done)),
-                                         repeats=args.repeats)
+    profile = None
+    if args.calibrate is not None:
+        from executor.profile import GridProfile
+
+        backend, points, *_ = profile_backend(loaded, args.block_size, args.kv_cache_gib,
+                                              args.max_model_len)
+        profile = GridProfile(backend, points, args.seed)
+    runs_total = len(policies) * args.repeats
+    grid_runs = 0 if profile is None else len(profile.points) * (runs_total + 2)
+    bar = tqdm(total=len(trace) * runs_total + grid_runs, file=sys.stderr, leave=False,
+               disable=None)
+    if profile is not None:
+        profile.run_round(timed=False, on_run=lambda: bar.update(1))  # warm-up
+    measured = measure_runs(trace, configs, loaded.model, args.seed,
+                            on_step=lambda _now, done: bar.update(len(done)),
+                            repeats=args.repeats,
+                            before_each=None if profile is None else
+                            lambda: profile.run_round(on_run=lambda: bar.update(1)))
+    if profile is not None:
+        profile.run_round(on_run=lambda: bar.update(1))
+        fit = fit_profile(profile.plans, profile.times)
+        cost_model = save_calibration(fit, args.calibrate, calibration_meta(
+            args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
+    results, runs = compare(trace, configs, measured, cost_model)
+    source = args.cost_model or f"{args.calibrate} (calibrated between the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
-          f"({loaded.threads} threads); cost model {args.cost_model}")
+          f"({loaded.threads} threads); cost model {source}")
+    if profile is not None:
+        print(fit.describe())
     print(format_errors(results))
     print(format_overall(results))
     if args.out is not None:
@@ -84,20 +113,18 @@ def _run(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, {
             "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
             "config": {"model": loaded.name, "device": str(loaded.device),
-                       "cost_model": str(args.cost_model), "num_blocks": num_blocks},
+                       "cost_model": str(args.cost_model or args.calibrate),
+                       "calibrated_between_runs": profile is not None,
+                       "num_blocks": num_blocks},
             "results": results, "overall": overall(results), "repeats": args.repeats,
         })
     return 0
 
 
-def measure_and_simulate(trace: Trace, configs: dict[str, SchedulerConfig], model,
-                         cost_model: CalibratedCostModel, seed: int = 0, on_step=None,
-                         repeats: int = 1) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
-    """Each policy's config run measured on `model` and simulated with `cost_model`:
-    per policy the two summaries and the signed errors, and the (first measured, simulated)
-    runs. With repeats > 1 the measured runs go A B .. B A so a slow spell of a shared machine
-    hits every policy alike; the measured summary holds each metric's median over the runs,
-    and `spread` its (max - min) / median: how far the machine moves one measurement."""
+def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed: int = 0,
+                 on_step=None, repeats: int = 1, before_each=None) -> dict[str, list[RunResult]]:
+    """Each policy's config run `repeats` times on `model`, in A B .. B A order so a slow
+    spell of a shared machine hits every policy alike; before_each() runs before each run."""
     from executor.replay import measured_run
 
     prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
@@ -105,17 +132,43 @@ def measure_and_simulate(trace: Trace, configs: dict[str, SchedulerConfig], mode
     for round_ in range(repeats):
         order = list(configs) if round_ % 2 == 0 else list(reversed(configs))
         for policy in order:
+            if before_each is not None:
+                before_each()
             measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
                                                  model, seed, prefixes, on_step=on_step))
+    return measured
+
+
+def compare(trace: Trace, configs: dict[str, SchedulerConfig],
+            measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel
+            ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
+    """Each policy simulated with `cost_model` against its measured runs: per policy the two
+    summaries (each metric's median over the measured runs, and over as many simulated ones
+    when the cost model has step jitter), the signed
+    errors and the runs' `spread` ((max - min) / median: how far the machine moves one
+    measurement); and the (first measured, simulated) runs."""
     results, runs = {}, {}
     for policy, config in configs.items():
-        simulated = run_trace(requests_from_trace(trace), Engine(Scheduler(config), cost_model))
+        # As many simulated runs as measured ones (each a different jitter seed: another
+        # equally likely run), medians compared with medians.
+        simulations = [run_trace(requests_from_trace(trace),
+                                 Engine(Scheduler(config), replace(cost_model, jitter_seed=k)))
+                       for k in range(len(measured[policy]) if cost_model.jitter else 1)]
         m, spread = _median_summary([summarize(run) for run in measured[policy]])
-        s = summarize(simulated)
+        s, _ = _median_summary([summarize(run) for run in simulations])
+        simulated = simulations[0]
         results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s),
                            "spread": spread}
         runs[policy] = (measured[policy][0], simulated)
     return results, runs
+
+
+def measure_and_simulate(trace: Trace, configs: dict[str, SchedulerConfig], model,
+                         cost_model: CalibratedCostModel, seed: int = 0, on_step=None,
+                         repeats: int = 1) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
+    """measure_runs, then compare with cost_model."""
+    measured = measure_runs(trace, configs, model, seed, on_step, repeats)
+    return compare(trace, configs, measured, cost_model)
 
 
 def _median_summary(summaries: list[dict]) -> tuple[dict, dict]:

@@ -3,12 +3,20 @@
 step_s = coefficients . features(plan), with non-negative coefficients fitted by NNLS on
 relative error, so a 2 ms decode step weighs as much as a 2 s prefill. Saved as JSON with
 what it was measured on and how well it fits.
+
+The fit predicts a shape's median step time, but a real step of that shape rarely takes
+exactly that: the calibration also keeps the spread of profiled runs around their shape's
+median (quantiles of run / median), and each simulated step is scaled by a draw from it.
+A run then sums mean step times rather than medians and its ITL tail has the hiccups a
+measured run has. The draw is keyed by the plan's content, so a simulation stays
+reproducible and independent of which other runs share the model.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +41,8 @@ FEATURES = (
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
 )
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
+JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
+_MASK64 = (1 << 64) - 1
 
 
 def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]:
@@ -71,12 +81,43 @@ def fit_coefficients(features: np.ndarray, durations_s: np.ndarray) -> np.ndarra
     return solution / scale
 
 
+def step_jitter(times_s: np.ndarray) -> tuple[float, ...]:
+    """Quantiles (JITTER_QUANTILES, 0.5% to 99.5%) of each profiled run's time over its
+    shape's median, pooled over shapes: times_s is [rounds, shapes], one run of every shape
+    per round. Each round is first divided by its own median ratio: a round that ran in a slow
+    spell says how fast the machine was, not how much one step varies, and a simulated run
+    is compared with the median of several measured ones, where such spells even out. The
+    extremes are left out: a lone 30x stall of a millisecond step is not a rate to replay."""
+    times_s = np.asarray(times_s, dtype=float)
+    if times_s.ndim != 2 or times_s.shape[0] < 2 or np.any(times_s <= 0):
+        raise ValueError("step jitter needs positive times of >= 2 runs per shape")
+    ratios = times_s / np.median(times_s, axis=0)
+    ratios /= np.median(ratios, axis=1, keepdims=True)
+    return tuple(float(q) for q in np.quantile(ratios, np.linspace(0.005, 0.995, JITTER_QUANTILES)))
+
+
+def _unit_draw(plan: BatchPlan, seed: int) -> float:
+    """A number in [0, 1) fixed by the seed and the plan's first row, row count and tokens
+    (splitmix64)."""
+    first = plan.requests[0] if plan.requests else plan.padding[0]
+    x = ((zlib.crc32(first.request_id.encode()) + (seed << 32)) * 0x9E3779B97F4A7C15
+         + first.num_computed_tokens * 0xD1B54A32D192ED03
+         + (len(plan.requests) + len(plan.padding)) * 0x8CB92BA72F3D8DD7
+         + plan.prefill_tokens) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) / 2.0**64
+
+
 @dataclass(frozen=True, slots=True)
 class CalibratedCostModel:
     """A Backend whose step time is a fitted linear model of the plan's features."""
 
     coefficients: tuple[float, ...]
     knee_tokens: float = math.inf  # decode KV past which tokens cost more (FEATURES)
+    # Quantiles of profiled run time / shape median (step_jitter); () predicts the median.
+    jitter: tuple[float, ...] = ()
+    jitter_seed: int = 0  # another seed, another equally likely run
     # What it was measured on: model, device, dtype, torch version, processor, threads,
     # date, block size, KV pool, fit error. Free-form, saved as JSON.
     meta: dict = field(default_factory=dict, compare=False)
@@ -89,6 +130,10 @@ class CalibratedCostModel:
             raise ValueError(f"coefficients must be >= 0, got {self.coefficients}")
         if not self.knee_tokens > 0:
             raise ValueError(f"knee_tokens must be > 0, got {self.knee_tokens}")
+        jitter = self.jitter
+        if jitter and (len(jitter) < 2 or not jitter[0] > 0
+                       or any(not b >= a for a, b in zip(jitter[:-1], jitter[1:], strict=True))):
+            raise ValueError("jitter must be >= 2 positive, non-decreasing quantiles")
 
     def predict(self, plan: BatchPlan) -> float:
         """Seconds one engine step of `plan` takes; 0 for an empty plan."""
@@ -97,8 +142,19 @@ class CalibratedCostModel:
             return sum(c * f for c, f in zip(self.coefficients, features, strict=True))
         return 0.0
 
+    def jitter_factor(self, plan: BatchPlan) -> float:
+        """The plan's draw from the jitter quantiles (linear between them); 1 without."""
+        jitter = self.jitter
+        if not jitter:
+            return 1.0
+        at = _unit_draw(plan, self.jitter_seed) * (len(jitter) - 1)
+        i = int(at)
+        return jitter[i] + (jitter[i + 1] - jitter[i]) * (at - i)
+
     def execute(self, plan: BatchPlan) -> StepResult:
-        return StepResult(self.predict(plan))
+        """The predicted median step time scaled by the plan's jitter draw."""
+        seconds = self.predict(plan)
+        return StepResult(seconds * self.jitter_factor(plan) if seconds else seconds)
 
     def free(self, request: Request) -> None:
         """Nothing to forget."""
@@ -107,7 +163,7 @@ class CalibratedCostModel:
         """Write the model as JSON (coefficients by feature name, plus meta)."""
         payload = {"features": dict(zip(FEATURES, self.coefficients, strict=True)),
                    "knee_tokens": None if math.isinf(self.knee_tokens) else self.knee_tokens,
-                   "meta": self.meta}
+                   "jitter": list(self.jitter), "meta": self.meta}
         path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
     @classmethod
@@ -126,6 +182,11 @@ class CalibratedCostModel:
             coefficients = tuple(float(features[name]) for name in FEATURES)
             knee = payload.get("knee_tokens")
             knee = math.inf if knee is None else float(knee)
+            jitter = tuple(float(q) for q in payload.get("jitter") or ())
         except (TypeError, ValueError):
-            raise ValueError(f"{path}: calibration features must be numbers") from None
-        return cls(coefficients, knee, dict(payload.get("meta", {})))
+            raise ValueError(f"{path}: calibration features, knee and jitter must be "
+                             f"numbers") from None
+        try:
+            return cls(coefficients, knee, jitter, meta=dict(payload.get("meta", {})))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None

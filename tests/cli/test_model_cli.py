@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from servelab.cli import main
 from sim.calibrated import FEATURES
 
@@ -65,3 +67,27 @@ def test_validate_rejects_a_bad_calibration_file(tmp_path, capsys):
     code = main(["validate", "--trace", TRACE, *MODEL, "--cost-model", str(bad)])
     assert code == 2
     assert "not a servelab calibration" in capsys.readouterr().err
+
+
+def test_validate_can_calibrate_between_its_measured_runs(tmp_path, capsys):
+    cal, out = tmp_path / "cal.json", tmp_path / "val.json"
+    code = main(["validate", "--trace", TRACE, "--policies", "continuous", *MODEL,
+                 "--calibrate", str(cal), "--repeats", "2", "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "calibrated between the measured runs" in printed and "held-out shapes" in printed
+    saved = json.loads(cal.read_text())
+    assert saved["meta"]["repeats"] == 3  # a round before each of the 2 runs, one after
+    assert len(saved["jitter"]) > 2 and saved["jitter"] == sorted(saved["jitter"])
+    result = json.loads(out.read_text())
+    assert result["config"]["calibrated_between_runs"] is True
+    assert result["results"]["continuous"]["simulated"]["completed"] == 24
+
+
+def test_validate_wants_exactly_one_calibration_source(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["validate", "--trace", TRACE, *MODEL])
+    with pytest.raises(SystemExit):
+        main(["validate", "--trace", TRACE, *MODEL, "--cost-model", "a.json",
+              "--calibrate", "b.json"])
+    assert "--calibrate" in capsys.readouterr().err

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from sim.calibrated import FEATURES, CalibratedCostModel, fit_coefficients, plan_features
+from sim.calibrated import (
+    FEATURES,
+    CalibratedCostModel,
+    fit_coefficients,
+    plan_features,
+    step_jitter,
+)
 from sim.core import BatchPlan, Request
 from sim.scheduler import Scheduler, SchedulerConfig
 
@@ -84,3 +91,45 @@ def test_calibrate_picks_the_knee_where_kv_gets_dearer():
     assert choose_knee(plans, durations, np.ones(len(plans), dtype=bool)) == 8192
     flat = np.asarray([5e-3 + 2e-7 * p.decode_context for p in plans])
     assert choose_knee(plans, flat, np.ones(len(plans), dtype=bool)) == np.inf
+
+
+def _decode_plan(request_id: str, computed: int) -> BatchPlan:
+    request = Request(request_id, 0.0, computed, 4)
+    request.num_computed_tokens = computed
+    return BatchPlan(requests=[request], decode_seqs=1, num_sampled=1,
+                     decode_context=computed + 1, decode_context_max=computed + 1)
+
+
+def test_step_jitter_scales_steps_by_the_profiled_spread_reproducibly(tmp_path):
+    rng = np.random.default_rng(0)
+    medians = rng.uniform(1e-3, 1e-1, 50)
+    times = medians * rng.lognormal(0.0, 0.1, (9, 50))
+    times[0, 0] *= 30  # a lone stall stays out of the quantiles
+    jitter = step_jitter(times)
+    assert list(jitter) == sorted(jitter) and 0.7 < jitter[0] < 1 < jitter[-1] < 1.5
+    base = CalibratedCostModel((1e-3,) + (0.0,) * (len(FEATURES) - 1))
+    model = CalibratedCostModel(base.coefficients, jitter=jitter)
+    plans = [_decode_plan(f"r{i}", 10 + i) for i in range(400)]
+    factors = np.array([model.execute(p).duration_s / base.execute(p).duration_s
+                        for p in plans])
+    assert jitter[0] <= factors.min() and factors.max() <= jitter[-1]
+    assert np.median(factors) == pytest.approx(1.0, abs=0.03)  # the median step is the fit
+    assert factors.mean() > 1.0  # ...and the mean carries the right-skewed spread
+    again = [model.execute(p).duration_s for p in plans]
+    assert np.allclose(again, factors * 1e-3)  # the same plan, the same draw
+    other = [replace(model, jitter_seed=1).execute(p).duration_s for p in plans]
+    assert not np.allclose(other, again)  # another seed, another run
+    path = tmp_path / "cal.json"
+    model.save(path)
+    loaded = CalibratedCostModel.load(path)
+    assert [loaded.execute(p).duration_s for p in plans] == again
+
+
+def test_bad_jitter_is_refused(tmp_path):
+    path = tmp_path / "cal.json"
+    payload = {"features": {name: 0.0 for name in FEATURES}, "jitter": [1.2, 0.9]}
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        CalibratedCostModel.load(path)
+    with pytest.raises(ValueError, match=">= 2 runs"):
+        step_jitter(np.ones((1, 5)))
