@@ -1,7 +1,8 @@
 """Profile the executor's step time over a grid of batch shapes, for the calibrated cost model.
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
-(a chunk riding with decodes) and ragged steps (prompt bursts with decodes). Each point is a
+(a chunk riding with decodes), ragged steps (prompt bursts with decodes) and static batches
+mostly made of padding rows. Each point is a
 BatchPlan built the scheduler's way (sim.plan.add_to_plan) over requests whose KV blocks are
 allocated, run several times through ModelBackend.execute, in rounds over the grid; the
 median measured duration is the point's step time, and the runs' spread around it the
@@ -17,7 +18,7 @@ import numpy as np
 
 from executor.backend import ModelBackend
 from sim.core import BatchPlan, Request
-from sim.plan import add_to_plan
+from sim.plan import add_padding, add_to_plan
 
 # A sequence's share of a profiled step: (tokens already in KV, tokens computed now).
 Share = tuple[int, int]
@@ -27,12 +28,18 @@ Share = tuple[int, int]
 class ProfilePoint:
     """One batch shape: its kind (for reports) and every sequence's share."""
 
-    kind: str  # "prefill", "decode" or "mixed"
+    kind: str  # "prefill", "decode", "mixed" or "static"
     shares: tuple[Share, ...]
+    # Static batching's finished rows, computed as padding: each one's KV length.
+    padding: tuple[int, ...] = ()
 
     @property
     def kv_tokens(self) -> int:
-        return sum(start + n for start, n in self.shares)
+        return sum(start + n for start, n in self.shares) + sum(self.padding)
+
+    @property
+    def longest(self) -> int:
+        return max([s + n for s, n in self.shares] + list(self.padding))
 
 
 def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) -> list[ProfilePoint]:
@@ -54,8 +61,14 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
             shares = ((256, n),) + tuple((lengths[1], 1) for _ in range(b))
             points.append(ProfilePoint("mixed", shares))
     points += _ragged_steps(quick)
-    return [p for p in points if max(s + n for s, n in p.shares) < max_model_len
-            and p.kv_tokens <= max_kv_tokens]
+    # Static batches late in life: a few rows still decoding, the rest finished and computed
+    # as padding (no logits), the steps that tell a sampled row's cost from a computed one's.
+    for b in batches[2::2]:
+        for length in lengths[:1] if quick else lengths[1:3]:
+            live = max(1, b // 8)
+            points.append(ProfilePoint("static", tuple((length, 1) for _ in range(live)),
+                                       (length,) * (b - live)))
+    return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens]
 
 
 def _ragged_steps(quick: bool) -> list[ProfilePoint]:
@@ -76,11 +89,15 @@ def _ragged_steps(quick: bool) -> list[ProfilePoint]:
 def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
                 ) -> BatchPlan:
     plan = BatchPlan()
-    for i, ((start, n), tokens) in enumerate(zip(point.shares, prompts, strict=True)):
+    rows = list(point.shares) + [(length, 0) for length in point.padding]
+    for i, ((start, n), tokens) in enumerate(zip(rows, prompts, strict=True)):
         request = Request(f"profile-{i}", 0.0, start + n, 1, prompt_token_ids=tokens)
         request.num_computed_tokens = start
         backend.block_manager.allocate(request.request_id, start + n)
-        add_to_plan(plan, request, n)
+        if n:
+            add_to_plan(plan, request, n)
+        else:
+            add_padding(plan, request)
     return plan
 
 
@@ -88,7 +105,7 @@ def _run_once(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int
               ) -> tuple[BatchPlan, float]:
     plan = _build_plan(point, backend, prompts)
     duration = backend.execute(plan).duration_s
-    for request in plan.requests:
+    for request in plan.requests + plan.padding:
         backend.block_manager.free(request.request_id)
         backend.free(request)
     return plan, duration
@@ -105,6 +122,7 @@ class GridProfile:
         vocab = backend.model.args.vocab_size
         self.backend, self.points = backend, points
         self.prompts = [[rng.integers(3, vocab, start + n).tolist() for start, n in p.shares]
+                        + [rng.integers(3, vocab, length).tolist() for length in p.padding]
                         for p in points]
         self.plans: list[BatchPlan] = []  # each point's plan (for its features)
         self.rounds: list[list[float]] = []  # timed rounds' step seconds, one per point

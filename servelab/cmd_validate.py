@@ -14,7 +14,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from servelab.cmd_calibrate import calibration_meta, fit_profile, profile_backend, save_calibration
+from servelab.cmd_calibrate import (
+    Fit,
+    calibration_meta,
+    fit_profile,
+    profile_backend,
+    save_calibration,
+)
 from servelab.model_args import add_model_args, load_model_from_args
 from servelab.sim_args import (
     add_scheduler_args,
@@ -86,16 +92,15 @@ def _run(args: argparse.Namespace) -> int:
     grid_runs = 0 if profile is None else len(profile.points) * (runs_total + 2)
     bar = tqdm(total=len(trace) * runs_total + grid_runs, file=sys.stderr, leave=False,
                disable=None)
-    if profile is not None:
-        profile.run_round(timed=False, on_run=lambda: bar.update(1))  # warm-up
-    measured = measure_runs(trace, configs, loaded.model, args.seed,
-                            on_step=lambda _now, done: bar.update(len(done)),
-                            repeats=args.repeats,
-                            before_each=None if profile is None else
-                            lambda: profile.run_round(on_run=lambda: bar.update(1)))
-    if profile is not None:
-        profile.run_round(on_run=lambda: bar.update(1))
-        fit = fit_profile(profile.plans, profile.times)
+
+    def on_step(_now: float, done: list) -> None:
+        bar.update(len(done))
+
+    if profile is None:
+        measured = measure_runs(trace, configs, loaded.model, args.seed, on_step, args.repeats)
+    else:
+        measured, fit = measure_and_calibrate(trace, configs, loaded.model, profile, args.seed,
+                                              on_step, lambda: bar.update(1), args.repeats)
         cost_model = save_calibration(fit, args.calibrate, calibration_meta(
             args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
@@ -139,6 +144,19 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
     return measured
 
 
+def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
+                          seed: int = 0, on_step=None, on_run=None, repeats: int = 1
+                          ) -> tuple[dict[str, list[RunResult]], Fit]:
+    """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
+    session: a warm-up round, a round before each measured run and one after; the runs and
+    the cost model fitted to those rounds."""
+    profile.run_round(timed=False, on_run=on_run)
+    measured = measure_runs(trace, configs, model, seed, on_step, repeats,
+                            before_each=lambda: profile.run_round(on_run=on_run))
+    profile.run_round(on_run=on_run)
+    return measured, fit_profile(profile.plans, profile.times)
+
+
 def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
@@ -161,14 +179,6 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
                            "spread": spread}
         runs[policy] = (measured[policy][0], simulated)
     return results, runs
-
-
-def measure_and_simulate(trace: Trace, configs: dict[str, SchedulerConfig], model,
-                         cost_model: CalibratedCostModel, seed: int = 0, on_step=None,
-                         repeats: int = 1) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
-    """measure_runs, then compare with cost_model."""
-    measured = measure_runs(trace, configs, model, seed, on_step, repeats)
-    return compare(trace, configs, measured, cost_model)
 
 
 def _median_summary(summaries: list[dict]) -> tuple[dict, dict]:

@@ -52,37 +52,42 @@ class MeasuredWorkload:
     max_requests: int = 150
     length_scale: float = 0.1
     qps_scale: float = 6.0
-    repeats: int = 2  # measured runs per policy, A B .. B A (cmd_validate.measure_and_simulate)
+    repeats: int = 2  # measured runs per policy, A B .. B A (cmd_validate.measure_runs)
     model: str = "peer-45m"
-    cost_model: Path = Path("reports/calibration/peer-45m-cpu.json")
 
     def describe(self) -> str:
         return (f"azure-conv, first {self.max_requests} requests, lengths x{self.length_scale:g}, "
                 f"rate x{self.qps_scale:g}; {self.model} on this machine's CPU, simulated with "
-                f"`{self.cost_model}`")
+                f"a calibration timed between the measured runs")
 
 
 def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
                           ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
-    """Each policy measured on the executor and simulated with the calibration."""
+    """Each policy measured on the executor and simulated with a calibration whose grid was
+    timed between the measured runs (servelab validate --calibrate)."""
     from executor.threads import configure_cpu_threads
 
-    configure_cpu_threads(None)
+    threads = configure_cpu_threads(None)
     import torch
 
     from executor.backend import load_model
-    from servelab.cmd_validate import measure_and_simulate
-    from sim.calibrated import CalibratedCostModel
+    from executor.profile import GridProfile
+    from servelab.cmd_calibrate import profile_backend
+    from servelab.cmd_validate import compare, measure_and_calibrate
+    from servelab.model_args import DEFAULT_KV_CACHE_GIB, LoadedModel
 
     trace = load_bundled("azure-conv")
     trace = scale_qps(scale_lengths(head(trace, workload.max_requests), workload.length_scale),
                       workload.qps_scale)
-    cost_model = CalibratedCostModel.load(workload.cost_model)
     model = load_model(workload.model, torch.device("cpu"), torch.float32, seed=0)
-    num_blocks = cost_model.meta.get("num_blocks", 4096)
-    configs = {p: SchedulerConfig(policy=p, num_blocks=num_blocks, max_model_len=2048)
+    loaded = LoadedModel(model, torch.device("cpu"), torch.float32, threads, workload.model)
+    backend, points, num_blocks, max_len = profile_backend(loaded, 16, DEFAULT_KV_CACHE_GIB,
+                                                           None)
+    configs = {p: SchedulerConfig(policy=p, num_blocks=num_blocks, max_model_len=max_len)
                for p in policies}
-    return measure_and_simulate(trace, configs, model, cost_model, repeats=workload.repeats)
+    measured, fit = measure_and_calibrate(trace, configs, model, GridProfile(backend, points),
+                                          repeats=workload.repeats)
+    return compare(trace, configs, measured, fit.model)
 
 
 def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -> Section:

@@ -32,6 +32,17 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
             plan.prefill_context_max = ctx
 
 
+def add_padding(plan: BatchPlan, request: Request) -> None:
+    """Static batching: a finished row computed as padding, one row over its whole KV and no
+    logits (the scheduler keeps these totals running across a batch's steps)."""
+    ctx = request.prompt_len + len(request.token_times_s)
+    plan.padding.append(request)
+    plan.decode_seqs += 1
+    plan.decode_context += ctx
+    if ctx > plan.decode_context_max:
+        plan.decode_context_max = ctx
+
+
 def add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
     """Add one-token decodes; the per-row hot path, so totals accumulate in locals."""
     if not requests:

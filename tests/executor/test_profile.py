@@ -1,0 +1,49 @@
+"""The calibration profile: its shapes' plans carry the totals the scheduler would give them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from executor.backend import ModelBackend
+from executor.profile import GridProfile, ProfilePoint, _build_plan, measure, profile_grid
+from sim.block_manager import BlockManager
+from sim.core import StepResult
+from sim.scheduler import Scheduler, SchedulerConfig
+from tests.executor.helpers import make_request
+
+
+def test_static_points_plan_their_padding_like_the_static_scheduler():
+    sched = Scheduler(SchedulerConfig(policy="static", num_blocks=64, max_model_len=256,
+                                      max_num_seqs=4))
+    lengths = {"a": (20, 1), "b": (30, 4), "c": (12, 4)}  # a finishes first: padding after
+    for rid, (prompt, out) in lengths.items():
+        sched.add(make_request(rid, prompt, max_new_tokens=out))
+    for step in range(3):
+        plan = sched.schedule(float(step))
+        sched.update(plan, StepResult(0.01), float(step) + 0.01)
+    plan = sched.schedule(3.0)
+    assert [r.request_id for r in plan.padding] == ["a"]
+    point = ProfilePoint("static", tuple((r.num_computed_tokens, 1) for r in plan.requests),
+                         tuple(r.num_tokens for r in plan.padding))
+    backend = SimpleNamespace(block_manager=BlockManager(64, 16))  # all that planning uses
+    built = _build_plan(point, backend, [[5] * (s + n) for s, n in point.shares]
+                        + [[5] * length for length in point.padding])
+    for total in ("decode_seqs", "num_sampled", "decode_context", "decode_context_max",
+                  "prefill_tokens"):
+        assert getattr(built, total) == getattr(plan, total), total
+
+
+def test_every_grid_shape_runs_and_gives_its_blocks_back(tiny_model):
+    bm = BlockManager(4096, 16)
+    backend = ModelBackend(tiny_model, bm)
+    points = profile_grid(256, 4096 * 16, quick=True)
+    assert {p.kind for p in points} >= {"prefill", "decode", "static"}
+    plans, times = measure(backend, points, repeats=2)
+    assert times.shape == (2, len(points)) and (times > 0).all()
+    assert bm.num_used_blocks == 0
+    static = [plan for plan, p in zip(plans, points, strict=True) if p.kind == "static"]
+    assert all(plan.padding and plan.num_sampled < plan.decode_seqs for plan in static)
+    profile = GridProfile(backend, points[:3])
+    profile.run_round(timed=False)
+    profile.run_round()
+    assert profile.times.shape == (1, 3) and len(profile.plans) == 3
