@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     cal.add_argument("--max-model-len", type=int, default=None)
-    cal.add_argument("--repeats", type=int, default=9,
+    cal.add_argument("--repeats", type=int, default=15,
                      help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
     cal.add_argument("--seed", type=int, default=0, help="random weights and prompt tokens")
