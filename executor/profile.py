@@ -2,11 +2,10 @@
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
 (a chunk riding with decodes), ragged steps (prompt bursts with decodes) and static batches
-mostly made of padding rows. Each point is a
-BatchPlan built the scheduler's way (sim.plan.add_to_plan) over requests whose KV blocks are
-allocated, run several times through ModelBackend.execute, in rounds over the grid; the
-median measured duration is the point's step time, and the runs' spread around it the
-calibration's step jitter.
+mostly made of padding rows. Each point is a BatchPlan built the scheduler's way (sim.plan)
+over requests whose KV blocks are allocated, run several times through ModelBackend.execute,
+in rounds over the grid; the median measured duration is the point's step time, and the
+runs' spread around it the calibration's step jitter.
 """
 
 from __future__ import annotations
