@@ -162,9 +162,9 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
     summaries (each metric's median over the measured runs, and over as many simulated ones
-    when the cost model has step jitter), the signed
-    errors and the runs' `spread` ((max - min) / median: how far the machine moves one
-    measurement); and the (first measured, simulated) runs."""
+    when the cost model has step jitter), the signed errors and the measured runs' `spread`
+    ((max - min) / median: how far the machine moves one measurement); and the (first
+    measured, first simulated) runs."""
     results, runs = {}, {}
     for policy, config in configs.items():
         # As many simulated runs as measured ones (each a different jitter seed: another
