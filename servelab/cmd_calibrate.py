@@ -76,10 +76,10 @@ class Fit:
 
     def describe(self) -> str:
         knee = self.model.knee_tokens
-        jitter = self.model.jitter
-        spread = (f"runs spread p10 {np.interp(0.1, np.linspace(0, 1, len(jitter)), jitter):.2f}"
-                  f" .. p90 {np.interp(0.9, np.linspace(0, 1, len(jitter)), jitter):.2f} of "
-                  f"their shape's median" if jitter else "no step jitter (one timed round)")
+        model = self.model
+        spread = (f"runs spread p10 {model.jitter_at(0.1):.2f} .. p90 {model.jitter_at(0.9):.2f}"
+                  f" of their shape's median" if model.jitter
+                  else "no step jitter (one timed round)")
         return "\n".join([
             f"decode KV knee: {'none' if math.isinf(knee) else f'{knee:.0f} tokens'}; {spread}",
             f"fit error (all shapes): median {np.median(self.fit_error):.1%}, "

@@ -142,14 +142,19 @@ class CalibratedCostModel:
             return sum(c * f for c, f in zip(self.coefficients, features, strict=True))
         return 0.0
 
-    def jitter_factor(self, plan: BatchPlan) -> float:
-        """The plan's draw from the jitter quantiles (linear between them); 1 without."""
+    def jitter_at(self, u: float) -> float:
+        """The step-time factor a draw u in [0, 1] gives: linear between the jitter
+        quantiles; 1 without jitter."""
         jitter = self.jitter
         if not jitter:
             return 1.0
-        at = _unit_draw(plan, self.jitter_seed) * (len(jitter) - 1)
-        i = int(at)
+        at = u * (len(jitter) - 1)
+        i = min(int(at), len(jitter) - 2)
         return jitter[i] + (jitter[i + 1] - jitter[i]) * (at - i)
+
+    def jitter_factor(self, plan: BatchPlan) -> float:
+        """The plan's draw from the jitter quantiles; 1 without."""
+        return self.jitter_at(_unit_draw(plan, self.jitter_seed)) if self.jitter else 1.0
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """The predicted median step time scaled by the plan's jitter draw."""
