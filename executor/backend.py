@@ -82,7 +82,7 @@ class ModelBackend:
             return StepResult(time.perf_counter() - start, {})
         with torch.inference_mode():
             inputs = build_step_inputs(segments, self.block_manager, self.model.args,
-                                       self.device)
+                                       self.device, paged=self.model.native)
             sampling = [s.request for s in segments if s.samples]
             logits = self.model(inputs, self.kv)  # [S, vocab]
             tokens = self.sampler.sample(logits, sampling) if sampling else []

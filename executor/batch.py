@@ -63,8 +63,11 @@ class StepInputs:
     positions: torch.Tensor  # [P]
     slots: torch.Tensor  # [T] KV slot of each real token: block_id * block_size + offset
     logit_rows: torch.Tensor  # [S] rows whose logits are computed
-    groups: list[AttnGroup]
+    groups: list[AttnGroup]  # the torch attention path's groups; empty with `paged`
     num_tokens: int  # T (P is T rounded up to PREFILL_ROW_MULTIPLE if a prefill chunk runs)
+    # The native attention kernel's inputs (build_step_inputs(paged=True)), else None:
+    tables: torch.Tensor | None = None  # [B, width] int64 block ids of each sequence
+    row_seq: torch.Tensor | None = None  # [T] int64 sequence of each real row
 
 
 def segments_from_plan(plan: BatchPlan) -> list[Segment]:
@@ -96,8 +99,12 @@ def _token_slice(request: Request, start: int, n: int) -> list[int]:
 
 
 def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args: ModelArgs,
-                      device: torch.device, all_logits: bool = False) -> StepInputs:
-    """Flatten segments into StepInputs; all_logits computes logits for every row (tests)."""
+                      device: torch.device, all_logits: bool = False,
+                      paged: bool = False) -> StepInputs:
+    """Flatten segments into StepInputs; all_logits computes logits for every row (tests).
+
+    paged: attention reads the block tables directly (the native kernel, Transformer.native);
+    otherwise the torch path's padded groups are built."""
     bs = block_manager.block_size
     starts = np.fromiter((s.start for s in segments), np.int64, len(segments))
     lens = np.fromiter((s.num_tokens for s in segments), np.int64, len(segments))
@@ -118,14 +125,8 @@ def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args
         logit_rows = np.arange(total)
     else:
         logit_rows = (ends - 1)[np.fromiter((s.samples for s in segments), bool, len(segments))]
-    q_min = -(-MIN_GEMM_ROWS // args.group_size)
-    groups = []
-    bucket = np.ceil(np.log2(np.maximum(starts + lens, BUCKET_MIN_CONTEXT))).astype(np.int64)
-    for member in (lens == 1, lens > 1):  # one-token rows and prefill chunks apart
-        for key in np.unique(bucket[member]):
-            idx = np.flatnonzero(member & (bucket == key))
-            groups.append(_group(idx, starts, lens, row_start, tables, need, bs, kv_step,
-                                 q_min, args, block_manager.num_blocks, device))
+    groups = [] if paged else _groups(starts, lens, row_start, tables, need, bs, kv_step,
+                                       args, block_manager.num_blocks, device)
     rows = total
     if lens.max() > 1:
         rows = -(-total // PREFILL_ROW_MULTIPLE) * PREFILL_ROW_MULTIPLE
@@ -136,7 +137,25 @@ def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args
         positions=_tensor(np.pad(positions, (0, rows - total)), device),
         slots=_tensor(slots, device), logit_rows=_tensor(logit_rows, device), groups=groups,
         num_tokens=total,
+        tables=_tensor(tables, device) if paged else None,
+        row_seq=_tensor(seq_of_row, device) if paged else None,
     )
+
+
+def _groups(starts: np.ndarray, lens: np.ndarray, row_start: np.ndarray, tables: np.ndarray,
+            need: np.ndarray, bs: int, kv_step: int, args: ModelArgs, pool_blocks: int,
+            device: torch.device) -> list[AttnGroup]:
+    """The torch attention path's groups: one-token rows and prefill chunks apart, each split
+    by context length in powers of two."""
+    q_min = -(-MIN_GEMM_ROWS // args.group_size)
+    bucket = np.ceil(np.log2(np.maximum(starts + lens, BUCKET_MIN_CONTEXT))).astype(np.int64)
+    groups = []
+    for member in (lens == 1, lens > 1):
+        for key in np.unique(bucket[member]):
+            idx = np.flatnonzero(member & (bucket == key))
+            groups.append(_group(idx, starts, lens, row_start, tables, need, bs, kv_step,
+                                 q_min, args, pool_blocks, device))
+    return groups
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:

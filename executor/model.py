@@ -84,6 +84,7 @@ class Attention(nn.Module):
         self.wqkv = Linear(args.dim, q_dim + 2 * kv_dim, bias=args.qkv_bias)
         self.wo = Linear(q_dim, args.dim)
         self.scale = args.head_dim ** -0.5
+        self.window = args.sliding_window or 0  # 0: every earlier key is visible
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 inputs: StepInputs, cache: torch.Tensor) -> torch.Tensor:
@@ -92,7 +93,12 @@ class Attention(nn.Module):
         qk = apply_rope(qkv[:, :self.qk_dim].view(p, h + self.n_kv_heads, d), cos, sin)
         v = qkv[:, self.qk_dim:].view(p, self.n_kv_heads, d)  # [P, Hkv, D]
         write_kv(cache, qk[:t, h:], v[:t], inputs.slots)
-        out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale, t)  # [P, H*D]
+        if inputs.tables is not None:  # the native kernel reads the block tables itself
+            out = torch.ops.servelab.paged_attention(
+                qk[:, :h], cache, inputs.tables, inputs.row_seq, inputs.positions, t,
+                self.scale, self.window)
+        else:
+            out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale, t)  # [P, H*D]
         return self.wo(out)
 
 
@@ -139,6 +145,7 @@ class Transformer(nn.Module):
         self.output = Linear(args.dim, args.vocab_size)
         self.tie_weights()
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [max_pos, D/2]
+        self.native = False  # set by pack_weights: steps use build_step_inputs(paged=True)
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with lm_head when the model ties them."""
@@ -172,6 +179,8 @@ class Transformer(nn.Module):
         """Prepack every linear for the batch-invariant CPU path (after loading weights)."""
         for linear in self.linears():
             linear.pack()
+        # Native attention goes with native linears: CPU float32 and the kernels built.
+        self.native = self.output.is_native and self.args.head_dim % 8 == 0
 
 
 def init_weights(model: Transformer, seed: int) -> None:

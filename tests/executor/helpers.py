@@ -43,7 +43,8 @@ class Driver:
             segments.append(Segment(request, start, n, start + n == request.num_tokens))
         with torch.inference_mode():
             inputs = build_step_inputs(segments, self.block_manager, self.model.args,
-                                       self.device, all_logits=all_logits)
+                                       self.device, all_logits=all_logits,
+                                       paged=self.model.native)
             logits = self.model(inputs, self.kv)
         for request, n in chunks:
             request.num_computed_tokens += n

@@ -1,8 +1,10 @@
 """Bit-exact batch invariance of the forward: a row's logits never depend on what else is in
 the step (row counts, padding, other sequences' lengths, how its prompt was chunked).
 
-These are the kernel-level guarantees behind test_batch_invariance.py; if a BLAS update
-breaks one of the padding rules in executor/attention.py or linear.py, these fail first.
+These are the kernel-level guarantees behind test_batch_invariance.py, on both kernel paths
+(conftest.kernel_path): if a BLAS update breaks one of the torch path's padding rules in
+executor/attention.py or linear.py, or a change to csrc/kernels.cpp makes a row's arithmetic
+depend on its neighbours, these fail first.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from executor.linear import Linear
 from tests.executor.helpers import Driver, make_request
 
 
-@pytest.mark.parametrize(("in_features", "out_features"), [(64, 176), (512, 1408), (1408, 512)])
-def test_packed_linear_row_does_not_depend_on_row_count(in_features, out_features):
+@pytest.mark.parametrize(("in_features", "out_features"),
+                         [(64, 176), (512, 1408), (1408, 512), (300, 37)])
+def test_packed_linear_row_does_not_depend_on_row_count(in_features, out_features, kernel_path):
     generator = torch.Generator().manual_seed(0)
     layer = Linear(in_features, out_features)
     layer.weight.data.normal_(0, 0.02, generator=generator)
-    layer.pack()
+    with kernel_path():
+        layer.pack()
     x = torch.randn(300, in_features, generator=generator)
     with torch.inference_mode():
         full = layer(x)
-        for rows in (1, 2, 3, 4, 5, 7, 8, 16, 33, 100):
+        for rows in (1, 2, 3, 4, 5, 7, 8, 12, 13, 16, 33, 100, 145, 200):
             for first in (0, 57):
                 assert torch.equal(layer(x[first:first + rows]), full[first:first + rows]), rows
 

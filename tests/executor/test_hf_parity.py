@@ -52,11 +52,12 @@ def test_sharded_checkpoint_has_an_index(checkpoint):
     assert sharded == path.name.startswith("llama-sharded")
 
 
-def test_logits_match_hf(checkpoint):
+def test_logits_match_hf(checkpoint, kernel_path):
     from tests.executor.helpers import Driver
 
     hf, path = checkpoint
-    model = load_hf_model(path)
+    with kernel_path():
+        model = load_hf_model(path)
     tokens = prompt(45)
     with torch.no_grad():
         expected = hf(torch.tensor([tokens])).logits[0]
@@ -65,9 +66,10 @@ def test_logits_match_hf(checkpoint):
     torch.testing.assert_close(ours, expected, atol=LOGITS_ATOL, rtol=0)
 
 
-def test_greedy_tokens_match_hf_generate(checkpoint):
+def test_greedy_tokens_match_hf_generate(checkpoint, kernel_path):
     hf, path = checkpoint
-    model = load_hf_model(path)
+    with kernel_path():
+        model = load_hf_model(path)
     prompts = [prompt(n, seed) for seed, n in enumerate((7, 30, 61))]
     new_tokens = 20
     requests = [Request(f"r{i}", 0.0, len(p), new_tokens, prompt_token_ids=p)

@@ -1,0 +1,80 @@
+"""servelab's own CPU kernels (csrc/kernels.cpp): a float32 linear layer and paged attention.
+
+Built on first use with torch's C++ extension loader (a C++ compiler and ninja; about 40 s
+once, then cached by torch) and used for float32 on x86 CPUs with AVX2 and FMA. Against the
+torch path they replace (oneDNN linears, batched-matmul attention over gathered KV) they
+read every weight once per step at streaming speed and attend straight from the paged
+cache, and each output element is computed by one fixed sequence of operations, so
+batch invariance holds by construction rather than by padding rules.
+
+SERVELAB_NATIVE=0 turns them off; a failed build warns once and falls back to the torch
+path, which is also batch invariant (tests/executor runs both).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "kernels.cpp"
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for uses torch's threads
+ENV = "SERVELAB_NATIVE"
+
+_state: dict[str, object] = {"loaded": None, "tried": False, "enabled": True}
+
+
+def cpu_supported() -> bool:
+    """x86-64 with AVX2 and FMA (torch's own CPU capability probe)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
+    return capability in ("AVX2", "AVX512")
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    try:  # the ninja wheel's binary, for a venv whose bin directory is not on PATH
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+    except (ImportError, AttributeError):
+        pass
+    cpp_extension.load(name="servelab_kernels", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                       is_python_module=False, verbose=False)
+    return torch.ops.servelab
+
+
+def kernels():
+    """The loaded op namespace (torch.ops.servelab), or None where the torch path is used."""
+    if not _state["enabled"] or os.environ.get(ENV, "1") == "0":
+        return None
+    if not _state["tried"]:
+        _state["tried"] = True
+        if cpu_supported():
+            try:
+                _state["loaded"] = _build()
+            except Exception as error:  # no compiler, no ninja, a toolchain error: fall back
+                warnings.warn(f"servelab's CPU kernels did not build ({error}); using the "
+                              f"torch path (set {ENV}=0 to skip the attempt)", stacklevel=2)
+    return _state["loaded"]
+
+
+def enabled() -> bool:
+    return kernels() is not None
+
+
+@contextmanager
+def disabled():
+    """Use the torch path inside the block (tests compare both); pack weights inside it."""
+    before = _state["enabled"]
+    _state["enabled"] = False
+    try:
+        yield
+    finally:
+        _state["enabled"] = before
