@@ -2,7 +2,8 @@
 
 The peer model (random LlamaForCausalLM, 44.6M parameters, fp32) serves 32 requests that all
 arrive at t=0, greedy with EOS ignored, through HF sequential generate, HF static batching,
-HF continuous batching (if this transformers has it) and servelab's continuous policy. Then
+HF continuous batching (if this transformers has it) and servelab's continuous policy, with
+its native CPU kernels and on the torch path (SERVELAB_NATIVE=0) in the same run. Then
 the classic comparison: N requests one at a time vs continuous batching in our engine.
 On a shared machine timings swing with other tenants' load, so each run is repeated and the
 best and median wall times are printed (HF sequential, the slowest, runs once).
@@ -47,6 +48,7 @@ from executor_runs import (  # noqa: E402
 )
 from peer_workload import VOCAB, peer_workload  # noqa: E402
 
+from executor import native  # noqa: E402
 from executor.weights import load_hf_model  # noqa: E402
 
 
@@ -71,9 +73,11 @@ def report(name: str, tokens: int, walls: list[float], rates: dict[str, float]) 
           f"median {median:6.2f} s {tokens / median:7.1f} tok/s  ({len(walls)} runs)")
 
 
-def systems(model, hf_model) -> dict:
+def systems(model, torch_path_model, hf_model) -> dict:
     """name -> run(prompts, outputs) returning (outputs by id, wall_s, ...)."""
     runs = {"servelab continuous": lambda p, o: ours_continuous(model, p, o)}
+    if model.native:  # the same engine without the native kernels (oneDNN, batched matmuls)
+        runs["servelab, torch path"] = lambda p, o: ours_continuous(torch_path_model, p, o)
     if ARGS.skip_hf:
         return runs
     runs["HF static batch"] = lambda p, o: hf_static(hf_model, p, o)
@@ -103,8 +107,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(tmp)
         model = load_hf_model(tmp)
-    ours_continuous(model, prompts[:4], [4] * 4)  # warm-up: first oneDNN calls are slow
-    runs = systems(model, hf_model)
+        with native.disabled():
+            torch_path_model = load_hf_model(tmp)
+    print(f"servelab kernels: {'native' if model.native else 'torch path (native not built)'}")
+    for m in (model, torch_path_model):
+        ours_continuous(m, prompts[:4], [4] * 4)  # warm-up: first oneDNN calls are slow
+    runs = systems(model, torch_path_model, hf_model)
     walls: dict[str, list[float]] = {name: [] for name in runs}
     tokens: dict[str, dict[str, list[int]]] = {}
     for _ in range(ARGS.repeats):  # rounds interleave the systems so load hits them alike

@@ -33,9 +33,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, dim]; rms_norm without weight is HF's h * rsqrt(mean(h^2) + eps), bit for bit
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * h.to(x.dtype)
+        # x: [T, dim]; HF's h * rsqrt(mean(h^2) + eps) op for op (F.rms_norm gives the same
+        # bits but took ~4x longer on the decode steps' small row counts)
+        h = x.float()
+        inv = torch.mean(h * h, dim=-1, keepdim=True).add_(self.eps).rsqrt_()
+        return self.weight * (h * inv).to(x.dtype)
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
