@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     save_calibration(fit, args.out, calibration_meta(args, loaded, num_blocks, max_len,
                                                      len(points), len(times)))
     print(f"profiled {len(points)} step shapes of {loaded.name} on {loaded.device} "
-          f"({loaded.threads} threads)")
+          f"({loaded.threads} threads, {loaded.kernels} kernels)")
     print(fit.describe())
     print(f"wrote {args.out}")
     return 0
@@ -160,7 +160,7 @@ def calibration_meta(args: argparse.Namespace, loaded, num_blocks: int, max_mode
     return {
         "model": loaded.name, "device": str(device), "hardware": hardware,
         "dtype": str(loaded.dtype).removeprefix("torch."), "threads": loaded.threads,
-        "torch": torch.__version__, "python": platform.python_version(),
+        "kernels": loaded.kernels, "torch": torch.__version__, "python": platform.python_version(),
         "date": datetime.date.today().isoformat(), "block_size": args.block_size,
         "num_blocks": num_blocks, "max_model_len": max_model_len,
         "kv_cache_gib": args.kv_cache_gib, "profiled_shapes": num_points,

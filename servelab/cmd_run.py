@@ -66,7 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     summary = summarize(result, slo)
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; model "
           f"{loaded.name} on {loaded.device} ({str(loaded.dtype).removeprefix('torch.')}, "
-          f"{loaded.threads} threads), {config.num_blocks} KV blocks of {config.block_size}; "
+          f"{loaded.threads} threads, {loaded.kernels} kernels), {config.num_blocks} KV blocks "
+          f"of {config.block_size}; "
           f"{wall_s:.1f} s wall")
     print(format_summaries({policy: summary}))
     if args.json is not None:
@@ -82,7 +83,8 @@ def _payload(args, trace, config, loaded, slo, policy, summary) -> dict:
         "config": {
             "model": loaded.name, "device": str(loaded.device),
             "dtype": str(loaded.dtype).removeprefix("torch."), "threads": loaded.threads,
-            "torch": torch.__version__, "processor": platform.processor() or platform.machine(),
+            "kernels": loaded.kernels, "torch": torch.__version__,
+            "processor": platform.processor() or platform.machine(),
             "scheduler": {policy: {**asdict(config), "token_budget": config.budget}},
             "sampling": {"temperature": args.temperature, "top_p": args.top_p,
                          "top_k": args.top_k, "seed": args.seed},

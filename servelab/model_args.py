@@ -39,6 +39,11 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return self.model.args.vocab_size
 
+    @property
+    def kernels(self) -> str:
+        """`native` (servelab's CPU kernels) or `torch` (executor/native.py)."""
+        return "native" if self.model.native else "torch"
+
     def kv_blocks(self, block_size: int, kv_cache_gib: float) -> int:
         """Blocks of block_size tokens that kv_cache_gib of KV holds for this model."""
         if not kv_cache_gib > 0:
