@@ -92,7 +92,9 @@ void pack_rows(const float* x, int64_t ldx, int64_t mc, int64_t kc, float* out) 
     const int64_t rows = std::min(MR, mc - i);
     float* panel = out + i * kc;
     for (int64_t kk = 0; kk < kc; ++kk) {
-      for (int64_t r = 0; r < MR; ++r) panel[kk * MR + r] = r < rows ? x[(i + r) * ldx + kk] : 0.0f;
+      for (int64_t r = 0; r < MR; ++r) {
+        panel[kk * MR + r] = r < rows ? x[(i + r) * ldx + kk] : 0.0f;
+      }
     }
   }
 }
@@ -139,9 +141,13 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed,
               }
               // The last panel of an N that is not a multiple of NR: go through a full tile.
               float tile[MR * NR] = {};
-              for (int64_t r = 0; r < rows; ++r) std::copy(out + r * n, out + r * n + ncols, tile + r * NR);
+              for (int64_t r = 0; r < rows; ++r) {
+                std::copy(out + r * n, out + r * n + ncols, tile + r * NR);
+              }
               MICRO_KERNELS[rows](kc, block.data() + i * kc, b, tile, NR, k0 > 0);
-              for (int64_t r = 0; r < rows; ++r) std::copy(tile + r * NR, tile + r * NR + ncols, out + r * n);
+              for (int64_t r = 0; r < rows; ++r) {
+                std::copy(tile + r * NR, tile + r * NR + ncols, out + r * n);
+              }
             }
           }
         }
@@ -210,9 +216,13 @@ void weighted_sum(const float* p, const int64_t* slots, int64_t nk, const float*
   for (int64_t j = 0; j < nk; ++j) {
     const __m256 w = _mm256_set1_ps(p[j]);
     const float* v = values + slots[j] * d;
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    for (int c = 0; c < C; ++c) {
+      acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    }
   }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+  for (int c = 0; c < C; ++c) {
+    _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+  }
 }
 
 // Turn scores s[0:nk] into e^(s - max) in place (lanes up to the next 8 cleared); returns 1/sum.
@@ -234,8 +244,8 @@ float softmax_weights(float* sg, int64_t nk) {
 }
 
 // One query row (position pos) over its visible keys, every head: out[heads * dim].
-void attend_row(const AttentionShape& s, const float* q, const float* cache, const int64_t* table,
-                int64_t pos, RowScratch& scratch, float* out) {
+void attend_row(const AttentionShape& s, const float* q, const float* cache,
+                const int64_t* table, int64_t pos, RowScratch& scratch, float* out) {
   const int64_t group = s.heads / s.kv_heads, d = s.dim;
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
   const int64_t nk = pos - first + 1, padded = (nk + 7) / 8 * 8;
@@ -252,16 +262,18 @@ void attend_row(const AttentionShape& s, const float* q, const float* cache, con
     for (int64_t j = 0; j < nk; ++j) {
       const float* kj = keys + scratch.slots[j] * d;
       for (int64_t g = 0; g < group; ++g) {
-        scratch.scores[g * padded + j] = dot(q + (h * group + g) * s.q_head_stride, kj, d) * s.scale;
+        const float* qg = q + (h * group + g) * s.q_head_stride;
+        scratch.scores[g * padded + j] = dot(qg, kj, d) * s.scale;
       }
     }
     for (int64_t g = 0; g < group; ++g) {
       float* sg = scratch.scores.data() + g * padded;
       const float inv = softmax_weights(sg, nk);
       float* o = out + (h * group + g) * d;
+      const int64_t* slots = scratch.slots.data();
       int64_t i = 0;
-      for (; i + 64 <= d; i += 64) weighted_sum<8>(sg, scratch.slots.data(), nk, values + i, d, inv, o + i);
-      for (; i < d; i += 8) weighted_sum<1>(sg, scratch.slots.data(), nk, values + i, d, inv, o + i);
+      for (; i + 64 <= d; i += 64) weighted_sum<8>(sg, slots, nk, values + i, d, inv, o + i);
+      for (; i < d; i += 8) weighted_sum<1>(sg, slots, nk, values + i, d, inv, o + i);
     }
   }
 }
@@ -270,12 +282,14 @@ void attend_row(const AttentionShape& s, const float* q, const float* cache, con
 // q [P, heads, dim] (rows may be strided), cache [2 * kv_heads, blocks, block_size, dim],
 // tables [S, width] block ids per sequence, row_seq [T] and positions [>= T] per real row.
 // Returns [P, heads * dim]; rows T..P-1 (linear-layer padding) are zeros.
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
-                           const at::Tensor& row_seq, const at::Tensor& positions,
-                           int64_t num_tokens, double scale, int64_t window) {
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& cache,
+                           const at::Tensor& tables, const at::Tensor& row_seq,
+                           const at::Tensor& positions, int64_t num_tokens, double scale,
+                           int64_t window) {
   check_cpu_float(q, "q");
   check_cpu_float(cache, "cache");
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [rows, heads, dim] with dim contiguous");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1,
+              "q must be [rows, heads, dim] with dim contiguous");
   TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.size(3) == q.size(2),
               "cache must be contiguous [2 * kv_heads, blocks, block_size, dim]");
   TORCH_CHECK(q.size(2) % 8 == 0, "head_dim must be a multiple of 8, got ", q.size(2));
@@ -299,10 +313,15 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& cache, const a
   const float* qp = q.data_ptr<float>();
   const float* cp = cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  for (int64_t t = 0; t < num_tokens; ++t) {
+  for (int64_t t = 0; t < num_tokens; ++t) {  // every block a row reads must be in the pool
     TORCH_CHECK(sp[t] >= 0 && sp[t] < tab.size(0), "row ", t, " has no block table");
     TORCH_CHECK(pp[t] >= 0 && pp[t] / s.block_size < s.table_width, "row ", t, " position ",
                 pp[t], " is outside its block table");
+    const int64_t* table = tp + sp[t] * s.table_width;
+    for (int64_t b = 0; b <= pp[t] / s.block_size; ++b) {
+      TORCH_CHECK(table[b] >= 0 && table[b] < s.num_blocks, "row ", t, " reads block ",
+                  table[b], " of a ", s.num_blocks, "-block cache");
+    }
   }
   // Split rows between threads by the keys they read, so a long prefill chunk does not leave
   // one thread with most of the work. The split never changes any row's arithmetic.
@@ -311,7 +330,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& cache, const a
     const int64_t keys = s.window > 0 ? std::min(pp[t] + 1, s.window) : pp[t] + 1;
     cost[t + 1] = cost[t] + keys + 8;
   }
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tokens));
+  const int64_t parts =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tokens));
   auto boundary = [&](int64_t b) {
     return std::lower_bound(cost.begin(), cost.end(), cost.back() * b / parts) - cost.begin();
   };

@@ -93,6 +93,9 @@ def test_paged_attention_refuses_rows_outside_their_tables():
     with pytest.raises(RuntimeError, match="no block table"):
         torch.ops.servelab.paged_attention(q, cache, tables, torch.tensor([3]),
                                            torch.tensor([0]), 1, 1.0, 0)
+    with pytest.raises(RuntimeError, match="reads block 9 of a 4-block cache"):
+        torch.ops.servelab.paged_attention(q, cache, torch.tensor([[1, 9]]), torch.tensor([0]),
+                                           torch.tensor([20]), 1, 1.0, 0)
     with pytest.raises(RuntimeError, match="multiple of 8"):
         torch.ops.servelab.paged_attention(torch.zeros(1, 1, 6), torch.zeros(2, 4, 16, 6),
                                            tables, torch.tensor([0]), torch.tensor([0]), 1,
