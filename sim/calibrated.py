@@ -33,13 +33,16 @@ FEATURES = (
     "seqs",  # sequences in the step: per-sequence index building and gathers
     "decode_kv",  # sum of decode KV lengths: KV bytes read
     "decode_kv_padded",  # decode rows x longest decode KV: a padded kernel's attention area
-    "prefill_attn",  # sum over chunks of chunk_len x KV length: causal attention work
+    "prefill_attn",  # sum over chunks of chunk_len x KV length: a masked kernel's area
+    "prefill_attn_causal",  # the (query, key) pairs a causal kernel visits (native CPU)
     "prefill_attn_padded",  # chunks x longest chunk x longest KV: a padded kernel's area
     # KV read past a knee, where it stops fitting the caches and each token costs more;
     # the knee (tokens) is chosen per calibration, infinite (no excess) if none helps.
     "decode_kv_excess",  # max(0, decode_kv - knee)
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
 )
+# Features added after calibrations were first shipped: a file without one fitted without it.
+OPTIONAL_FEATURES = frozenset({"prefill_attn_causal"})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
 JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
 _MASK64 = (1 << 64) - 1
@@ -57,6 +60,7 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.decode_context),
         float(decode_kv_padded),
         float(plan.prefill_attn),
+        float(plan.prefill_attn_causal),
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
         max(0.0, plan.decode_context - knee_tokens),
         max(0.0, decode_kv_padded - knee_tokens),
@@ -180,11 +184,12 @@ class CalibratedCostModel:
             features = payload["features"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a servelab calibration ({exc})") from None
-        missing = [name for name in FEATURES if name not in features]
+        missing = [name for name in FEATURES
+                   if name not in features and name not in OPTIONAL_FEATURES]
         if missing:
             raise ValueError(f"{path}: calibration lacks features {', '.join(missing)}")
         try:
-            coefficients = tuple(float(features[name]) for name in FEATURES)
+            coefficients = tuple(float(features.get(name, 0.0)) for name in FEATURES)
             knee = payload.get("knee_tokens")
             knee = math.inf if knee is None else float(knee)
             jitter = tuple(float(q) for q in payload.get("jitter") or ())

@@ -116,6 +116,9 @@ class BatchPlan:
     # Derived totals for cost models, accumulated while the plan is built.
     prefill_tokens: int = 0  # tokens of prompt/recompute chunks (every non-decode token)
     prefill_attn: int = 0  # sum over prefill chunks of chunk_len * context_len after it
+    # The (query, key) pairs causal attention visits: prefill_attn less each chunk's
+    # upper triangle, chunk_len * (chunk_len - 1) / 2.
+    prefill_attn_causal: int = 0
     prefill_seqs: int = 0  # sequences with a prefill chunk
     prefill_chunk_max: int = 0  # longest prefill chunk (padded executors pay for it per row)
     prefill_context_max: int = 0  # longest KV length a prefill chunk attends over

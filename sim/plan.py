@@ -25,6 +25,7 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
     else:
         plan.prefill_tokens += n
         plan.prefill_attn += n * ctx
+        plan.prefill_attn_causal += n * ctx - n * (n - 1) // 2
         plan.prefill_seqs += 1
         if n > plan.prefill_chunk_max:
             plan.prefill_chunk_max = n
@@ -74,4 +75,5 @@ def remove_from_plan(plan: BatchPlan, request: Request, n: int) -> None:
     else:
         plan.prefill_tokens -= n
         plan.prefill_attn -= n * ctx
+        plan.prefill_attn_causal -= n * ctx - n * (n - 1) // 2
         plan.prefill_seqs -= 1

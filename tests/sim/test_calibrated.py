@@ -21,9 +21,10 @@ from sim.scheduler import Scheduler, SchedulerConfig
 
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 1e-9, 0.0, 6e-8, 0.0])
+    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 1e-9, 3e-9, 0.0, 6e-8, 0.0])
     x = np.column_stack([np.ones(400), rng.integers(0, 2, 400)]
-                        + [rng.uniform(0, s, 400) for s in (2000, 64, 64, 5e4, 1e5, 1e6, 1e6)])
+                        + [rng.uniform(0, s, 400)
+                           for s in (2000, 64, 64, 5e4, 1e5, 1e6, 1e6, 1e6)])
     x = np.column_stack([x, np.maximum(0, x[:, 5] - 2e4), np.maximum(0, x[:, 6] - 2e4)])
     y = x @ true * rng.normal(1.0, 0.01, 400)
     fitted = fit_coefficients(x, y)
@@ -41,6 +42,7 @@ def test_features_follow_the_plan_totals():
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["tokens"] == 32 and f["sampled"] == 0 and f["seqs"] == 1 and f["prefill_step"] == 1
     assert f["prefill_attn"] == 32 * 32 and f["prefill_attn_padded"] == 32 * 32
+    assert f["prefill_attn_causal"] == 32 * 33 // 2  # query i sees keys 0..i
 
 
 def test_predict_saves_and_loads(tmp_path):
@@ -123,6 +125,14 @@ def test_step_jitter_scales_steps_by_the_profiled_spread_reproducibly(tmp_path):
     model.save(path)
     loaded = CalibratedCostModel.load(path)
     assert [loaded.execute(p).duration_s for p in plans] == again
+
+
+def test_a_calibration_from_before_the_causal_feature_loads(tmp_path):
+    path = tmp_path / "cal.json"
+    features = {name: 1e-3 for name in FEATURES if name != "prefill_attn_causal"}
+    path.write_text(json.dumps({"features": features}))
+    model = CalibratedCostModel.load(path)
+    assert dict(zip(FEATURES, model.coefficients, strict=True))["prefill_attn_causal"] == 0.0
 
 
 def test_bad_jitter_is_refused(tmp_path):

@@ -131,6 +131,7 @@ def test_chunked_prefill_mixes_decodes_first_within_budget():
     plan, _ = step(sched)
     assert plan.num_scheduled_tokens == {"a": 1, "big": 24}
     assert plan.num_sampled == 2 and plan.prefill_attn == 24 * 150
+    assert plan.prefill_attn_causal == 24 * 150 - 24 * 23 // 2  # positions 126..149
     assert sched.running[1].num_output_tokens == 1
 
 
