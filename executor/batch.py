@@ -1,11 +1,13 @@
 """Turn a BatchPlan into the index tensors of one ragged forward (StepInputs).
 
 All T tokens of a step are flattened into rows for the linear layers (P >= T rows: steps
-with a prefill chunk round up to PREFILL_ROW_MULTIPLE). For attention the
-sequences form groups (one-token rows apart from prefill chunks, split by context length in
-powers of two), each padded to `q_pad` query rows and `kv_pad` keys so one batched matmul
-serves the group. The padding rules keep every row's arithmetic independent of its batch
-(see attention.py): `q_pad * group_size >= MIN_GEMM_ROWS`, `kv_pad % KV_PAD_MULTIPLE == 0`.
+with a prefill chunk round up to PREFILL_ROW_MULTIPLE). The native attention kernel
+(`paged=True`) takes each row's sequence, position and the block tables as they are. For
+the torch path's attention the sequences form groups (one-token rows apart from prefill
+chunks, split by context length in powers of two), each padded to `q_pad` query rows and
+`kv_pad` keys so one batched matmul serves the group. The padding rules keep every row's
+arithmetic independent of its batch (see attention.py): `q_pad * group_size >=
+MIN_GEMM_ROWS`, `kv_pad % KV_PAD_MULTIPLE == 0`.
 """
 
 from __future__ import annotations
