@@ -1,11 +1,11 @@
 """servelab's own CPU kernels (csrc/kernels.cpp): a float32 linear layer and paged attention.
 
-Built on first use with torch's C++ extension loader (a C++ compiler and ninja; about 40 s
+Built on first use with torch's C++ extension loader (a C++ compiler and ninja; about 20 s
 once, then cached by torch) and used for float32 on x86 CPUs with AVX2 and FMA. Against the
 torch path they replace (oneDNN linears, batched-matmul attention over gathered KV) they
-read every weight once per step at streaming speed and attend straight from the paged
-cache, and each output element is computed by one fixed sequence of operations, so
-batch invariance holds by construction rather than by padding rules.
+stream weights faster at decode row counts and attend straight from the paged cache, and
+each output element is computed by one fixed sequence of operations, so batch invariance
+holds by construction rather than by padding rules.
 
 SERVELAB_NATIVE=0 turns them off; a failed build warns once and falls back to the torch
 path, which is also batch invariant (tests/executor runs both).

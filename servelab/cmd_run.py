@@ -67,8 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; model "
           f"{loaded.name} on {loaded.device} ({str(loaded.dtype).removeprefix('torch.')}, "
           f"{loaded.threads} threads, {loaded.kernels} kernels), {config.num_blocks} KV blocks "
-          f"of {config.block_size}; "
-          f"{wall_s:.1f} s wall")
+          f"of {config.block_size}; {wall_s:.1f} s wall")
     print(format_summaries({policy: summary}))
     if args.json is not None:
         write_json_atomic(args.json, _payload(args, trace, config, loaded, slo, policy, summary))
