@@ -37,6 +37,11 @@ class ProfilePoint:
         return sum(start + n for start, n in self.shares) + sum(self.padding)
 
     @property
+    def rows(self) -> int:
+        """Rows the step computes: chunk tokens, decodes and padding."""
+        return sum(n for _, n in self.shares) + len(self.padding)
+
+    @property
     def longest(self) -> int:
         return max([s + n for s, n in self.shares] + list(self.padding))
 
@@ -110,6 +115,15 @@ def _run_once(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int
     return plan, duration
 
 
+# Shapes of at most this many rows run once untimed right before they are timed. In a run a
+# step follows steps of about its own shape; in a round a shape follows an unrelated, often
+# much larger one, and the peer model's small steps timed that way (each right after a
+# random large grid shape) took longer than back to back: a one-row decode 3.9%, a 128-token
+# prefill 3.6%, 4 and 16 decode rows 1.8% and 1.1% (medians of 145 each), a 110-row mixed
+# step no longer. The fit then predicted small steps slow, and every latency with them.
+WARM_ROWS = 256
+
+
 class GridProfile:
     """The grid's shapes with fixed prompt tokens, timed one round (every shape once) at a
     time, so rounds can be spread over a session: back to back (`measure`) or between the
@@ -127,9 +141,12 @@ class GridProfile:
         self.rounds: list[list[float]] = []  # timed rounds' step seconds, one per point
 
     def run_round(self, timed: bool = True, on_run: Callable[[], None] | None = None) -> None:
-        """Run every shape once; keep the times unless this is a warm-up (timed=False)."""
+        """Run every shape once (timed, those of <= WARM_ROWS rows right after an untimed
+        run); keep the times unless this is a warm-up (timed=False)."""
         times = []
         for point, prompts in zip(self.points, self.prompts, strict=True):
+            if timed and point.rows <= WARM_ROWS:  # runs' steps follow steps like them
+                _run_once(point, self.backend, prompts)
             plan, duration = _run_once(point, self.backend, prompts)
             times.append(duration)
             if len(self.plans) < len(self.points):

@@ -5,7 +5,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from executor.backend import ModelBackend
-from executor.profile import GridProfile, ProfilePoint, _build_plan, measure, profile_grid
+from executor.profile import (
+    WARM_ROWS,
+    GridProfile,
+    ProfilePoint,
+    _build_plan,
+    measure,
+    profile_grid,
+)
 from sim.block_manager import BlockManager
 from sim.core import StepResult
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -47,3 +54,17 @@ def test_every_grid_shape_runs_and_gives_its_blocks_back(tiny_model):
     profile.run_round(timed=False)
     profile.run_round()
     assert profile.times.shape == (1, 3) and len(profile.plans) == 3
+
+
+def test_small_shapes_are_timed_right_after_an_untimed_run_of_themselves(tiny_model):
+    backend = ModelBackend(tiny_model, BlockManager(256, 16))
+    executed = []
+    execute = backend.execute
+    backend.execute = lambda plan: executed.append(plan.prefill_tokens) or execute(plan)
+    small, large = ProfilePoint("prefill", ((0, 8),)), ProfilePoint("prefill", ((0, 300),))
+    assert small.rows == 8 <= WARM_ROWS < large.rows
+    profile = GridProfile(backend, [small, large])
+    profile.run_round(timed=False)
+    assert executed == [8, 300]
+    profile.run_round()
+    assert executed == [8, 300, 8, 8, 300] and profile.times.shape == (1, 2)
