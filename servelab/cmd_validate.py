@@ -40,6 +40,7 @@ from workloads.trace import Trace
 # The metrics whose simulated value is checked against the measured one.
 VALIDATED = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
              "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+SIMULATIONS_PER_RUN = 5  # simulated runs per measured one when steps have jitter (compare)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -161,17 +162,19 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
-    summaries (each metric's median over the measured runs, and over as many simulated ones
-    when the cost model has step jitter), the signed errors and the measured runs' `spread`
-    ((max - min) / median: how far the machine moves one measurement); and the (first
-    measured, first simulated) runs."""
+    summaries (each metric's median over the measured runs, and over SIMULATIONS_PER_RUN
+    times as many simulated ones when the cost model has step jitter), the signed errors
+    and the measured runs' `spread` ((max - min) / median: how far the machine moves one
+    measurement); and the (first measured, first simulated) runs."""
     results, runs = {}, {}
     for policy, config in configs.items():
-        # As many simulated runs as measured ones (each a different jitter seed: another
-        # equally likely run), medians compared with medians.
+        # SIMULATIONS_PER_RUN simulated runs per measured one (each a different jitter seed:
+        # another equally likely run), medians compared with medians: the prediction of a
+        # median, without a few jitter draws' own noise added to the machine's.
+        count = len(measured[policy]) * SIMULATIONS_PER_RUN if cost_model.jitter else 1
         simulations = [run_trace(requests_from_trace(trace),
                                  Engine(Scheduler(config), replace(cost_model, jitter_seed=k)))
-                       for k in range(len(measured[policy]) if cost_model.jitter else 1)]
+                       for k in range(count)]
         m, spread = _median_summary([summarize(run) for run in measured[policy]])
         s, _ = _median_summary([summarize(run) for run in simulations])
         simulated = simulations[0]
