@@ -16,7 +16,8 @@ TRACE is one of:
   a synthetic spec     see below
 
 Transforms run in this order: --start-s/--end-s window (re-zeroed), --max-requests,
---qps-scale, --length-scale, --max-prompt-len/--max-output-len.
+--qps-scale, --length-scale (with --prompt-scale/--output-scale on top),
+--max-prompt-len/--max-output-len.
 Arrival times must be non-decreasing; equal times are fine, a time that goes backwards
 is an error naming its line.
 
@@ -30,6 +31,8 @@ _TRANSFORM_FLAGS = (
     ("--max-requests", int, None, "N", "keep the first N requests"),
     ("--qps-scale", float, 1.0, "X", "multiply the arrival rate by X (X > 1 compresses gaps)"),
     ("--length-scale", float, 1.0, "X", "multiply prompt and output lengths by X (rounded)"),
+    ("--prompt-scale", float, 1.0, "X", "multiply prompt lengths by X as well"),
+    ("--output-scale", float, 1.0, "X", "multiply output lengths by X as well"),
     ("--max-prompt-len", int, None, "N", "clip prompt lengths to N tokens"),
     ("--max-output-len", int, None, "N", "clip output lengths to N tokens"),
 )
@@ -61,6 +64,8 @@ def transforms_from_args(args: argparse.Namespace) -> TraceTransforms:
         max_requests=args.max_requests,
         qps_scale=args.qps_scale,
         length_scale=args.length_scale,
+        prompt_scale=args.prompt_scale,
+        output_scale=args.output_scale,
         max_prompt_len=args.max_prompt_len,
         max_output_len=args.max_output_len,
     )

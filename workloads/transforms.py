@@ -43,16 +43,19 @@ def scale_qps(trace: Trace, factor: float) -> Trace:
     return Trace(trace.name, trace.table.assign(arrival_s=trace.arrival_s / factor))
 
 
-def scale_lengths(trace: Trace, factor: float) -> Trace:
-    """Multiply prompt and output lengths by `factor`, rounded to the nearest integer >= 1."""
-    if not factor > 0 or not math.isfinite(factor):
-        raise ValueError(f"length scale must be a positive number, got {factor}")
+def scale_lengths(trace: Trace, factor: float, output_factor: float | None = None) -> Trace:
+    """Multiply prompt lengths by `factor` and output lengths by `output_factor` (default:
+    `factor` too), each rounded to the nearest integer >= 1."""
+    factors = (factor, factor if output_factor is None else output_factor)
+    for f in factors:
+        if not f > 0 or not math.isfinite(f):
+            raise ValueError(f"length scale must be a positive number, got {f}")
 
-    def scaled(lengths: np.ndarray) -> np.ndarray:
-        return np.maximum(np.floor(lengths * factor + 0.5), 1).astype(np.int64)
+    def scaled(lengths: np.ndarray, f: float) -> np.ndarray:
+        return np.maximum(np.floor(lengths * f + 0.5), 1).astype(np.int64)
 
-    table = trace.table.assign(output_len=scaled(trace.output_len))
-    return Trace(trace.name, _with_prompt_len(table, scaled(trace.prompt_len)))
+    table = trace.table.assign(output_len=scaled(trace.output_len, factors[1]))
+    return Trace(trace.name, _with_prompt_len(table, scaled(trace.prompt_len, factors[0])))
 
 
 def clip_lengths(
@@ -89,6 +92,8 @@ class TraceTransforms:
     """Transforms applied in this order: time window, first N, rate, length scale, clipping.
 
     Selection (window, count) happens in the trace's own time; the window is re-zeroed.
+    Prompt lengths are scaled by length_scale * prompt_scale, output lengths by
+    length_scale * output_scale (code traces have long prompts and short outputs).
     """
 
     start_s: float = 0.0
@@ -96,6 +101,8 @@ class TraceTransforms:
     max_requests: int | None = None
     qps_scale: float = 1.0
     length_scale: float = 1.0
+    prompt_scale: float = 1.0
+    output_scale: float = 1.0
     max_prompt_len: int | None = None
     max_output_len: int | None = None
 
@@ -108,7 +115,7 @@ class TraceTransforms:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        for name in ("qps_scale", "length_scale"):
+        for name in ("qps_scale", "length_scale", "prompt_scale", "output_scale"):
             value = getattr(self, name)
             if not value > 0 or not math.isfinite(value):
                 raise ValueError(f"{name} must be a positive number, got {value}")
@@ -121,8 +128,10 @@ class TraceTransforms:
             trace = head(trace, self.max_requests)
         if self.qps_scale != 1.0:
             trace = scale_qps(trace, self.qps_scale)
-        if self.length_scale != 1.0:
-            trace = scale_lengths(trace, self.length_scale)
+        prompt_factor = self.length_scale * self.prompt_scale
+        output_factor = self.length_scale * self.output_scale
+        if prompt_factor != 1.0 or output_factor != 1.0:
+            trace = scale_lengths(trace, prompt_factor, output_factor)
         if self.max_prompt_len is not None or self.max_output_len is not None:
             trace = clip_lengths(trace, self.max_prompt_len, self.max_output_len)
         return trace

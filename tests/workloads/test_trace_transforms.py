@@ -57,6 +57,15 @@ def test_length_scale_rounds_and_keeps_at_least_one() -> None:
     assert scaled.table["prefix_hash_ids"].tolist() == [[1], [1], [1], [1], [4]]
 
 
+def test_prompt_and_output_scales_multiply_the_length_scale() -> None:
+    # prompts x0.5 x0.5, outputs x0.5 x4: long prompts shrunk, short outputs kept usable
+    out = TraceTransforms(length_scale=0.5, prompt_scale=0.5, output_scale=4).apply(small())
+    assert out.prompt_len.tolist() == scale_lengths(small(), 0.25).prompt_len.tolist()
+    assert out.output_len.tolist() == (small().output_len * 2).tolist()
+    with pytest.raises(ValueError, match="length scale must be a positive number, got -1"):
+        scale_lengths(small(), 0.5, -1)
+
+
 def test_clipping_caps_lengths_and_prefix_blocks() -> None:
     clipped = clip_lengths(small(), max_prompt_len=1000, max_output_len=4)
     assert clipped.prompt_len.tolist() == [1, 600, 1000, 1000, 10]
@@ -99,6 +108,7 @@ def test_default_transforms_return_the_same_trace() -> None:
         ({"max_requests": 0}, "max_requests must be >= 1"),
         ({"qps_scale": 0}, "qps_scale must be a positive number"),
         ({"length_scale": float("nan")}, "length_scale must be a positive number"),
+        ({"output_scale": 0}, "output_scale must be a positive number"),
         ({"max_prompt_len": -1}, "max_prompt_len must be >= 1"),
         ({"start_s": -1}, "start_s must be >= 0"),
         ({"start_s": 5, "end_s": 5}, "end_s must be > start_s"),
