@@ -60,7 +60,8 @@ class ModelBackend:
 
     def __init__(self, model: Transformer, block_manager: BlockManager,
                  device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None,
+                 step_log: list[tuple[BatchPlan, float]] | None = None) -> None:
         weight = model.tok_embeddings
         self.device = torch.device(device) if device is not None else weight.device
         self.dtype = dtype or weight.dtype
@@ -73,6 +74,9 @@ class ModelBackend:
         self.kv = KVCache(model.args, block_manager.num_blocks, block_manager.block_size,
                           self.device, self.dtype)
         self.sampler = Sampler(self.device)
+        # If given, every executed step's (plan, seconds) is appended: what a cost model
+        # is checked against (sim.calibrated.in_run_step_error).
+        self.step_log = step_log
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Run one step: forward every scheduled token, sample where a sequence ends."""
@@ -89,7 +93,10 @@ class ModelBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
-        return StepResult(time.perf_counter() - start, sampled)
+        duration = time.perf_counter() - start
+        if self.step_log is not None:
+            self.step_log.append((plan, duration))
+        return StepResult(duration, sampled)
 
     def free(self, request: Request) -> None:
         """Drop the request's sampling generator; its KV blocks belong to the BlockManager."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from executor.backend import ModelBackend
 from executor.model import Transformer
 from executor.prompts import attach_prompt_tokens
-from sim.core import Request
+from sim.core import BatchPlan, Request
 from sim.engine import Engine
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import RunResult, run_trace
@@ -15,9 +15,12 @@ from sim.simulation import RunResult, run_trace
 
 def measured_run(requests: list[Request], config: SchedulerConfig, model: Transformer,
                  seed: int = 0, prefix_hash_ids: Sequence[Sequence[int] | None] | None = None,
-                 on_step: Callable[[float, list[Request]], None] | None = None) -> RunResult:
-    """Replay requests on the model; the clock advances by each step's measured duration."""
+                 on_step: Callable[[float, list[Request]], None] | None = None,
+                 step_log: list[tuple[BatchPlan, float]] | None = None) -> RunResult:
+    """Replay requests on the model; the clock advances by each step's measured duration.
+    step_log, if given, receives every step's (plan, seconds)."""
     attach_prompt_tokens(requests, model.args.vocab_size, seed, prefix_hash_ids)
     scheduler = Scheduler(config)
-    engine = Engine(scheduler, ModelBackend(model, scheduler.block_manager))
+    engine = Engine(scheduler, ModelBackend(model, scheduler.block_manager,
+                                           step_log=step_log))
     return run_trace(requests, engine, on_step=on_step)

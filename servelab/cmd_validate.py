@@ -1,7 +1,8 @@
 """`servelab validate`: one trace measured on the executor and simulated with a calibration.
 
 Prints, per policy, the signed relative error (simulated - measured) / measured of each
-metric: the simulator's accuracy as a number, not a claim.
+metric: the simulator's accuracy as a number, not a claim. Then how the cost model priced the
+steps the measured runs took, by kind: where an end-to-end error comes from.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from servelab.sim_args import (
     write_json_atomic,
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
-from sim.calibrated import CalibratedCostModel
+from sim.calibrated import STEP_KINDS, CalibratedCostModel, in_run_step_error
 from sim.engine import Engine
 from sim.metrics import summarize
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -97,15 +98,18 @@ def _run(args: argparse.Namespace) -> int:
     def on_step(_now: float, done: list) -> None:
         bar.update(len(done))
 
+    step_logs: dict[str, list] = {}
     if profile is None:
-        measured = measure_runs(trace, configs, loaded.model, args.seed, on_step, args.repeats)
+        measured = measure_runs(trace, configs, loaded.model, args.seed, on_step, args.repeats,
+                                step_logs=step_logs)
     else:
         measured, fit = measure_and_calibrate(trace, configs, loaded.model, profile, args.seed,
-                                              on_step, lambda: bar.update(1), args.repeats)
+                                              on_step, lambda: bar.update(1), args.repeats,
+                                              step_logs)
         cost_model = save_calibration(fit, args.calibrate, calibration_meta(
             args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
-    results, runs = compare(trace, configs, measured, cost_model)
+    results, runs = compare(trace, configs, measured, cost_model, step_logs)
     source = args.cost_model or f"{args.calibrate} (calibrated between the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {source}")
@@ -113,6 +117,8 @@ def _run(args: argparse.Namespace) -> int:
         print(fit.describe())
     print(format_errors(results))
     print(format_overall(results))
+    if steps := format_steps(results):
+        print(steps)
     if args.out is not None:
         _write_out(args.out, trace.name, results, runs)
     if args.json is not None:
@@ -128,9 +134,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed: int = 0,
-                 on_step=None, repeats: int = 1, before_each=None) -> dict[str, list[RunResult]]:
+                 on_step=None, repeats: int = 1, before_each=None,
+                 step_logs: dict[str, list] | None = None) -> dict[str, list[RunResult]]:
     """Each policy's config run `repeats` times on `model`, in A B .. B A order so a slow
-    spell of a shared machine hits every policy alike; before_each() runs before each run."""
+    spell of a shared machine hits every policy alike; before_each() runs before each run.
+    step_logs, if given, gets each policy's executed (plan, seconds) over all its runs."""
     from executor.replay import measured_run
 
     prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
@@ -140,32 +148,36 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
         for policy in order:
             if before_each is not None:
                 before_each()
+            log = None if step_logs is None else step_logs.setdefault(policy, [])
             measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
-                                                 model, seed, prefixes, on_step=on_step))
+                                                 model, seed, prefixes, on_step, log))
     return measured
 
 
 def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
-                          seed: int = 0, on_step=None, on_run=None, repeats: int = 1
+                          seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
+                          step_logs: dict[str, list] | None = None
                           ) -> tuple[dict[str, list[RunResult]], Fit]:
     """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
     session: a warm-up round, a round before each measured run and one after; the runs and
     the cost model fitted to those rounds."""
     profile.run_round(timed=False, on_run=on_run)
     measured = measure_runs(trace, configs, model, seed, on_step, repeats,
-                            before_each=lambda: profile.run_round(on_run=on_run))
+                            lambda: profile.run_round(on_run=on_run), step_logs)
     profile.run_round(on_run=on_run)
     return measured, fit_profile(profile.plans, profile.times)
 
 
 def compare(trace: Trace, configs: dict[str, SchedulerConfig],
-            measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel
+            measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel,
+            step_logs: dict[str, list] | None = None
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
     summaries (each metric's median over the measured runs, and over SIMULATIONS_PER_RUN
     times as many simulated ones when the cost model has step jitter), the signed errors
     and the measured runs' `spread` ((max - min) / median: how far the machine moves one
-    measurement); and the (first measured, first simulated) runs."""
+    measurement), with step_logs (measure_runs) its `steps` (in_run_step_error); and the
+    (first measured, first simulated) runs."""
     results, runs = {}, {}
     for policy, config in configs.items():
         # SIMULATIONS_PER_RUN simulated runs per measured one (each a different jitter seed:
@@ -180,6 +192,8 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
         simulated = simulations[0]
         results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s),
                            "spread": spread}
+        if step_logs and step_logs.get(policy):
+            results[policy]["steps"] = in_run_step_error(cost_model, step_logs[policy])
         runs[policy] = (measured[policy][0], simulated)
     return results, runs
 
@@ -232,6 +246,22 @@ def format_errors(results: dict) -> str:
             m, s, e = r["measured"].get(key), r["simulated"].get(key), r["error"][key]
             cells.append(f"{_num(m):>11}{_num(s):>11}{'-' if e is None else f'{e:+.1%}':>8}")
         lines.append(f"{key:<20}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def format_steps(results: dict) -> str:
+    """Per step kind and policy: the median measured / predicted step time of the measured
+    runs' steps, and the kind's share of their busy time."""
+    if not any("steps" in r for r in results.values()):
+        return ""
+    lines = ["steps of the measured runs, measured / predicted (median; share of busy time)",
+             f"{'':<24}" + "".join(f"{p:>18}" for p in results)]
+    for kind in STEP_KINDS:
+        cells = [r.get("steps", {}).get(kind) for r in results.values()]
+        if any(cells):
+            lines.append(f"{kind:<24}" + "".join(
+                f"{'-':>18}" if c is None
+                else f"{c['median_ratio']:>11.3f} ({c['time_share']:4.0%})" for c in cells))
     return "\n".join(lines)
 
 

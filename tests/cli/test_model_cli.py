@@ -76,12 +76,16 @@ def test_validate_can_calibrate_between_its_measured_runs(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert "calibrated between the measured runs" in printed and "held-out shapes" in printed
+    assert "steps of the measured runs, measured / predicted" in printed
     saved = json.loads(cal.read_text())
     assert saved["meta"]["repeats"] == 3  # a round before each of the 2 runs, one after
     assert len(saved["jitter"]) > 2 and saved["jitter"] == sorted(saved["jitter"])
     result = json.loads(out.read_text())
     assert result["config"]["calibrated_between_runs"] is True
     assert result["results"]["continuous"]["simulated"]["completed"] == 24
+    steps = result["results"]["continuous"]["steps"]  # both runs' steps, by kind
+    assert steps["with a prefill chunk"]["steps"] > 0 and steps["decode, 1-13 rows"]["steps"] > 0
+    assert sum(kind["time_share"] for kind in steps.values()) == pytest.approx(1.0)
 
 
 def test_validate_wants_exactly_one_calibration_source(tmp_path, capsys):

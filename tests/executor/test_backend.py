@@ -118,3 +118,17 @@ def test_bfloat16_on_cpu_runs(tiny_model):
     bm.allocate("a", 11)
     assert backend.kv.data.dtype == torch.bfloat16
     assert set(backend.execute(plan_of([(request, 10)])).sampled_token_ids) == {"a"}
+
+
+def test_a_measured_run_logs_every_step_it_timed(tiny_model):
+    from executor.replay import measured_run
+    from sim.scheduler import SchedulerConfig
+
+    requests = [Request(f"r{i}", 0.001 * i, 8 + 3 * i, 3 + i) for i in range(6)]
+    log: list = []
+    run = measured_run(requests, SchedulerConfig("static", num_blocks=64, max_num_seqs=4),
+                       tiny_model, step_log=log)
+    assert len(log) == len(run.steps) > 0
+    assert [seconds for _, seconds in log] == [row[1] for row in run.steps]
+    assert [plan.prefill_tokens for plan, _ in log] == [row[4] for row in run.steps]
+    assert any(plan.padding for plan, _ in log)  # static batches' finished rows
