@@ -204,8 +204,9 @@ class CalibratedCostModel:
 
 
 # Kinds of step `in_run_step_error` reports on; small decodes are where ITL medians live.
-STEP_KINDS = ("decode, 1-13 rows", "decode, 14+ rows", "static, with padding",
-              "with a prefill chunk")
+SMALL_DECODE_ROWS = 13
+STEP_KINDS = (f"decode, 1-{SMALL_DECODE_ROWS} rows", f"decode, {SMALL_DECODE_ROWS + 1}+ rows",
+              "static, with padding", "with a prefill chunk")
 
 
 def step_kind(plan: BatchPlan) -> str:
@@ -214,7 +215,7 @@ def step_kind(plan: BatchPlan) -> str:
         return STEP_KINDS[3]
     if plan.padding:
         return STEP_KINDS[2]
-    return STEP_KINDS[0] if plan.decode_seqs <= 13 else STEP_KINDS[1]
+    return STEP_KINDS[0] if plan.decode_seqs <= SMALL_DECODE_ROWS else STEP_KINDS[1]
 
 
 def in_run_step_error(model: CalibratedCostModel, steps: Iterable[tuple[BatchPlan, float]]
