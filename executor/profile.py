@@ -32,6 +32,15 @@ class ProfilePoint:
     # Static batching's finished rows, computed as padding: each one's KV length.
     padding: tuple[int, ...] = ()
 
+    @classmethod
+    def from_plan(cls, plan: BatchPlan) -> ProfilePoint:
+        """The shape of a step a run scheduled (read before the engine applies it)."""
+        kind = ("static" if plan.padding else "prefill" if not plan.decode_seqs
+                else "mixed" if plan.prefill_tokens else "decode")
+        shares = tuple((r.num_computed_tokens, plan.num_scheduled_tokens[r.request_id])
+                       for r in plan.requests)
+        return cls(kind, shares, tuple(r.num_tokens for r in plan.padding))
+
     @property
     def kv_tokens(self) -> int:
         return sum(start + n for start, n in self.shares) + sum(self.padding)
@@ -90,6 +99,13 @@ def _ragged_steps(quick: bool) -> list[ProfilePoint]:
     return points
 
 
+def point_prompts(point: ProfilePoint, vocab_size: int, rng: np.random.Generator
+                  ) -> list[list[int]]:
+    """Random token ids for every sequence (and padding row) of the point, whole context."""
+    return ([rng.integers(3, vocab_size, start + n).tolist() for start, n in point.shares]
+            + [rng.integers(3, vocab_size, length).tolist() for length in point.padding])
+
+
 def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
                 ) -> BatchPlan:
     plan = BatchPlan()
@@ -105,8 +121,10 @@ def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[i
     return plan
 
 
-def _run_once(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
+def run_point(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int]]
               ) -> tuple[BatchPlan, float]:
+    """Run the point's shape once as the profile does (fresh requests, KV blocks allocated
+    for the step and freed after it); its plan and measured seconds."""
     plan = _build_plan(point, backend, prompts)
     duration = backend.execute(plan).duration_s
     for request in plan.requests + plan.padding:
@@ -126,35 +144,51 @@ WARM_ROWS = 256
 
 class GridProfile:
     """The grid's shapes with fixed prompt tokens, timed one round (every shape once) at a
-    time, so rounds can be spread over a session: back to back (`measure`) or between the
-    measured runs of `servelab validate`."""
+    time, so rounds can be spread over a session: back to back (`measure`), or a shape at a
+    time between the steps of `servelab validate`'s measured runs (`run_next`)."""
 
     def __init__(self, backend: ModelBackend, points: list[ProfilePoint], seed: int = 0
                  ) -> None:
         rng = np.random.default_rng(seed)
         vocab = backend.model.args.vocab_size
         self.backend, self.points = backend, points
-        self.prompts = [[rng.integers(3, vocab, start + n).tolist() for start, n in p.shares]
-                        + [rng.integers(3, vocab, length).tolist() for length in p.padding]
-                        for p in points]
+        self.prompts = [point_prompts(p, vocab, rng) for p in points]
         self.plans: list[BatchPlan] = []  # each point's plan (for its features)
         self.rounds: list[list[float]] = []  # timed rounds' step seconds, one per point
+        self._partial: list[float] = []  # the round run_next is part way through
+
+    def _time(self, i: int, timed: bool = True) -> float:
+        """Run shape i once (timed, one of <= WARM_ROWS rows right after an untimed run:
+        runs' steps follow steps like them); its seconds."""
+        point, prompts = self.points[i], self.prompts[i]
+        if timed and point.rows <= WARM_ROWS:
+            run_point(point, self.backend, prompts)
+        plan, duration = run_point(point, self.backend, prompts)
+        if len(self.plans) == i:
+            self.plans.append(plan)
+        return duration
 
     def run_round(self, timed: bool = True, on_run: Callable[[], None] | None = None) -> None:
-        """Run every shape once (timed, those of <= WARM_ROWS rows right after an untimed
-        run); keep the times unless this is a warm-up (timed=False)."""
+        """Run every shape once; keep the times unless this is a warm-up (timed=False)."""
         times = []
-        for point, prompts in zip(self.points, self.prompts, strict=True):
-            if timed and point.rows <= WARM_ROWS:  # runs' steps follow steps like them
-                _run_once(point, self.backend, prompts)
-            plan, duration = _run_once(point, self.backend, prompts)
-            times.append(duration)
-            if len(self.plans) < len(self.points):
-                self.plans.append(plan)
+        for i in range(len(self.points)):
+            times.append(self._time(i, timed))
             if on_run is not None:
                 on_run()
         if timed:
             self.rounds.append(times)
+
+    def run_next(self) -> None:
+        """Time the next shape of the round in progress; a round is kept once complete."""
+        self._partial.append(self._time(len(self._partial)))
+        if len(self._partial) == len(self.points):
+            self.rounds.append(self._partial)
+            self._partial = []
+
+    def finish_round(self) -> None:
+        """Time the rest of the round in progress, if one is."""
+        while self._partial:
+            self.run_next()
 
     @property
     def times(self) -> np.ndarray:

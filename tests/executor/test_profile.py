@@ -30,8 +30,8 @@ def test_static_points_plan_their_padding_like_the_static_scheduler():
         sched.update(plan, StepResult(0.01), float(step) + 0.01)
     plan = sched.schedule(3.0)
     assert [r.request_id for r in plan.padding] == ["a"]
-    point = ProfilePoint("static", tuple((r.num_computed_tokens, 1) for r in plan.requests),
-                         tuple(r.num_tokens for r in plan.padding))
+    point = ProfilePoint.from_plan(plan)
+    assert point.kind == "static" and len(point.padding) == 1
     backend = SimpleNamespace(block_manager=BlockManager(64, 16))  # all that planning uses
     built = _build_plan(point, backend, [[5] * (s + n) for s, n in point.shares]
                         + [[5] * length for length in point.padding])
@@ -68,3 +68,34 @@ def test_small_shapes_are_timed_right_after_an_untimed_run_of_themselves(tiny_mo
     assert executed == [8, 300]
     profile.run_round()
     assert executed == [8, 300, 8, 8, 300] and profile.times.shape == (1, 2)
+
+
+def test_a_point_from_a_mixed_plan_rebuilds_its_totals():
+    sched = Scheduler(SchedulerConfig(policy="continuous", num_blocks=64, max_model_len=256))
+    sched.add(make_request("a", 20, max_new_tokens=4))
+    plan = sched.schedule(0.0)
+    sched.update(plan, StepResult(0.01), 0.01)
+    sched.add(make_request("b", 30, max_new_tokens=4))
+    plan = sched.schedule(0.02)  # a decodes while b's prompt runs
+    point = ProfilePoint.from_plan(plan)
+    assert point.kind == "mixed" and sorted(point.shares) == [(0, 30), (20, 1)]
+    backend = SimpleNamespace(block_manager=BlockManager(64, 16))
+    built = _build_plan(point, backend, [[5] * (s + n) for s, n in point.shares])
+    for total in ("decode_seqs", "decode_context", "prefill_tokens", "prefill_attn",
+                  "num_sampled"):
+        assert getattr(built, total) == getattr(plan, total), total
+
+
+def test_rounds_can_be_timed_a_shape_at_a_time(tiny_model):
+    backend = ModelBackend(tiny_model, BlockManager(256, 16))
+    points = [ProfilePoint("prefill", ((0, n),)) for n in (8, 16, 24)]
+    profile = GridProfile(backend, points)
+    profile.run_round(timed=False)
+    for _ in range(4):
+        profile.run_next()
+    assert profile.times.shape == (1, 3)  # the round in progress is not kept yet
+    profile.finish_round()
+    assert profile.times.shape == (2, 3) and (profile.times > 0).all()
+    profile.finish_round()  # nothing in progress: nothing to do
+    assert profile.times.shape == (2, 3) and backend.block_manager.num_used_blocks == 0
+    assert [plan.prefill_tokens for plan in profile.plans] == [8, 16, 24]

@@ -1,0 +1,126 @@
+"""Does profiling a shape price the steps a run takes? In-run steps vs the same shapes
+profiled, side by side in one measured run.
+
+Every --every-th step of a measured run is, right after it ran, (a) executed again as the
+same plan (the run's own step-to-step noise) and (b) rebuilt as a ProfilePoint and timed
+the way `servelab calibrate` times grid shapes (fresh requests and KV blocks, one untimed
+run, one timed); (a) and (b) alternate in order. Because the three times are taken
+milliseconds apart, drift of a shared machine cancels out of the ratios, which a
+calibration-then-validation comparison minutes apart cannot promise.
+
+    python benchmarks/profile_vs_run.py --trace azure-conv --max-requests 150 \\
+        --length-scale 0.1 --qps-scale 3
+
+prints, per step kind (sim.calibrated.STEP_KINDS), the median in-run step and the medians of
+profiled / in-run and again / in-run. The run is slower than a plain one (every checked
+step runs three more times), so its latencies mean nothing; only the step ratios do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from executor.backend import ModelBackend  # noqa: E402
+from executor.profile import ProfilePoint, point_prompts, run_point  # noqa: E402
+from executor.prompts import attach_prompt_tokens  # noqa: E402
+from servelab.model_args import add_model_args, load_model_from_args  # noqa: E402
+from servelab.sim_args import add_scheduler_args, scheduler_config  # noqa: E402
+from servelab.trace_args import add_trace_args, load_trace_from_args  # noqa: E402
+from sim.calibrated import STEP_KINDS, step_kind  # noqa: E402
+from sim.core import BatchPlan, StepResult  # noqa: E402
+from sim.engine import Engine  # noqa: E402
+from sim.scheduler import POLICIES, Scheduler  # noqa: E402
+from sim.simulation import run_trace  # noqa: E402
+from sim.workload import requests_from_trace  # noqa: E402
+
+
+class CheckingBackend(ModelBackend):
+    """A ModelBackend that times every `every`-th step twice more: again as the same plan,
+    and profiled as the same shape."""
+
+    def __init__(self, *args, every: int, seed: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.every, self.steps = every, 0
+        self.rng = np.random.default_rng(seed)
+        self.checked: list[tuple[str, float, float, float]] = []  # kind, run, again, profiled
+        self.skipped = 0  # steps whose shape did not fit the KV blocks left free
+        self.checking = False
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        result = super().execute(plan)
+        if self.checking:  # a profiled step of a check: run_point calls back in here
+            return result
+        self.steps += 1
+        if self.steps % self.every == 0 and (plan.requests or plan.padding):
+            point = ProfilePoint.from_plan(plan)
+            if self._blocks_needed(point) > self.block_manager.num_free_blocks:
+                self.skipped += 1
+                return result
+            prompts = point_prompts(point, self.model.args.vocab_size, self.rng)
+            if len(self.checked) % 2:
+                again = super().execute(plan).duration_s
+                profiled = self._profiled(point, prompts)
+            else:
+                profiled = self._profiled(point, prompts)
+                again = super().execute(plan).duration_s
+            self.checked.append((step_kind(plan), result.duration_s, again, profiled))
+        return result
+
+    def _blocks_needed(self, point: ProfilePoint) -> int:
+        size = self.block_manager.block_size
+        lengths = [start + n for start, n in point.shares] + list(point.padding)
+        return sum(-(-length // size) for length in lengths)
+
+    def _profiled(self, point: ProfilePoint, prompts: list[list[int]]) -> float:
+        self.checking = True
+        try:
+            run_point(point, self, prompts)  # untimed, as the profile warms small shapes
+            return run_point(point, self, prompts)[1]
+        finally:
+            self.checking = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_trace_args(parser, positional=False)
+    add_model_args(parser)
+    add_scheduler_args(parser)
+    parser.add_argument("--policy", choices=POLICIES, default="continuous")
+    parser.add_argument("--every", type=int, default=1, help="check every N-th step")
+    args = parser.parse_args(argv)
+    if args.every < 1:
+        parser.error(f"--every must be >= 1, got {args.every}")
+    trace = load_trace_from_args(args)
+    loaded = load_model_from_args(args)
+    num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
+    config = scheduler_config(args, args.policy, num_blocks,
+                              loaded.max_model_len(args.max_model_len))
+    requests = requests_from_trace(trace)
+    attach_prompt_tokens(requests, loaded.vocab_size, args.seed)
+    scheduler = Scheduler(config)
+    backend = CheckingBackend(loaded.model, scheduler.block_manager, every=args.every,
+                              seed=args.seed)
+    run_trace(requests, Engine(scheduler, backend))
+
+    print(f"{args.policy}, {len(requests)} requests, {loaded.name} on {loaded.device}: "
+          f"{len(backend.checked)} steps checked, {backend.skipped} skipped (KV pool full)")
+    print(f"{'step kind':24s} {'steps':>6s} {'in-run ms':>10s} {'profiled/run':>13s} "
+          f"{'again/run':>10s}")
+    rows = [(kind, run, again, profiled) for kind, run, again, profiled in backend.checked]
+    for kind in (*STEP_KINDS, "all"):
+        picked = np.array([r[1:] for r in rows if kind in ("all", r[0])], dtype=float)
+        if len(picked):
+            run, again, profiled = picked.T
+            print(f"{kind:24s} {len(picked):6d} {np.median(run) * 1e3:10.2f} "
+                  f"{np.median(profiled / run):13.3f} {np.median(again / run):10.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
