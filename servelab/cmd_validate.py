@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,9 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal = val.add_mutually_exclusive_group(required=True)
     cal.add_argument("--cost-model", type=Path, help="calibration JSON")
     cal.add_argument("--calibrate", type=Path, metavar="FILE",
-                     help="calibrate in the same session instead: one round over the profile "
-                          "grid before each measured run and one after, fitted and written to "
-                          "FILE, so the calibration sees the machine the runs saw")
+                     help="calibrate in the same session instead: the profile grid timed a "
+                          "shape at a time between the measured runs' steps, fitted and "
+                          "written to FILE, so the calibration sees the machine the runs saw")
     val.add_argument("--repeats", type=int, default=1,
                      help="measured runs per policy, in A B .. B A order; medians are compared "
                           "and the runs' spread is printed as the machine's noise floor")
@@ -91,8 +92,8 @@ def _run(args: argparse.Namespace) -> int:
                                               args.max_model_len)
         profile = GridProfile(backend, points, args.seed)
     runs_total = len(policies) * args.repeats
-    grid_runs = 0 if profile is None else len(profile.points) * (runs_total + 2)
-    bar = tqdm(total=len(trace) * runs_total + grid_runs, file=sys.stderr, leave=False,
+    warm_up = 0 if profile is None else len(profile.points)  # interleaved shapes: not counted
+    bar = tqdm(total=len(trace) * runs_total + warm_up, file=sys.stderr, leave=False,
                disable=None)
 
     def on_step(_now: float, done: list) -> None:
@@ -110,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
             args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
     results, runs = compare(trace, configs, measured, cost_model, step_logs)
-    source = args.cost_model or f"{args.calibrate} (calibrated between the measured runs)"
+    source = args.cost_model or f"{args.calibrate} (calibrated during the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {source}")
     if profile is not None:
@@ -126,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
             "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
             "config": {"model": loaded.name, "device": str(loaded.device),
                        "cost_model": str(args.cost_model or args.calibrate),
-                       "calibrated_between_runs": profile is not None,
+                       "calibrated_during_runs": profile is not None,
                        "num_blocks": num_blocks},
             "results": results, "overall": overall(results), "repeats": args.repeats,
         })
@@ -154,17 +155,56 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
     return measured
 
 
+# validate --calibrate keeps the profile grid's time near this share of the measured runs'.
+GRID_SHARE = 1.0
+
+
+class Interleaved:
+    """Times the profile grid (an executor.profile.GridProfile) a shape at a time between a
+    measured run's steps, keeping the grid's time near `share` x the runs' time, so the
+    calibration samples the machine at the moments the runs do: on a shared machine whose
+    speed drifts by 10-30% over minutes, rounds timed between runs priced a run's steps
+    5-15% off although the same shapes timed inside a run cost what its steps did
+    (benchmarks/profile_vs_run.py). A run's clock advances by its own steps alone
+    (measured_run), so the shapes in between change none of its metrics."""
+
+    def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
+        self.profile, self.share, self.then = profile, share, on_step
+        self.run_s = self.grid_s = 0.0
+        self._mark = time.perf_counter()
+
+    def start_run(self) -> None:
+        """Call before each run: the time since the last step was not the runs'."""
+        self._mark = time.perf_counter()
+
+    def on_step(self, now: float, done: list) -> None:
+        """After each run step: time grid shapes until the grid has its share again."""
+        if self.then is not None:
+            self.then(now, done)
+        start = time.perf_counter()
+        self.run_s += start - self._mark
+        while self.grid_s < self.share * self.run_s:
+            self.profile.run_next()
+            self.grid_s += time.perf_counter() - start
+            start = time.perf_counter()
+        self._mark = time.perf_counter()
+
+
 def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
                           seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
                           step_logs: dict[str, list] | None = None
                           ) -> tuple[dict[str, list[RunResult]], Fit]:
     """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
-    session: a warm-up round, a round before each measured run and one after; the runs and
-    the cost model fitted to those rounds."""
+    session: a warm-up round, then shapes between the runs' steps (Interleaved), the last
+    round completed after them (two rounds at least, for the step jitter); the runs and the
+    cost model fitted to those rounds. on_run: after each warm-up shape."""
     profile.run_round(timed=False, on_run=on_run)
-    measured = measure_runs(trace, configs, model, seed, on_step, repeats,
-                            lambda: profile.run_round(on_run=on_run), step_logs)
-    profile.run_round(on_run=on_run)
+    mixed = Interleaved(profile, on_step=on_step)
+    measured = measure_runs(trace, configs, model, seed, mixed.on_step, repeats,
+                            mixed.start_run, step_logs)
+    profile.finish_round()
+    while len(profile.rounds) < 2:
+        profile.run_round()
     return measured, fit_profile(profile.plans, profile.times)
 
 

@@ -58,13 +58,13 @@ class MeasuredWorkload:
     def describe(self) -> str:
         return (f"azure-conv, first {self.max_requests} requests, lengths x{self.length_scale:g}, "
                 f"rate x{self.qps_scale:g}; {self.model} on this machine's CPU, simulated with "
-                f"a calibration timed between the measured runs")
+                f"a calibration timed during the measured runs")
 
 
 def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
                           ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy measured on the executor and simulated with a calibration whose grid was
-    timed between the measured runs (servelab validate --calibrate)."""
+    timed during the measured runs (servelab validate --calibrate)."""
     from executor.threads import configure_cpu_threads
 
     threads = configure_cpu_threads(None)
