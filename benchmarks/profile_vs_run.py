@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(backend.checked)} steps checked, {backend.skipped} skipped (KV pool full)")
     print(f"{'step kind':24s} {'steps':>6s} {'in-run ms':>10s} {'profiled/run':>13s} "
           f"{'again/run':>10s}")
-    rows = [(kind, run, again, profiled) for kind, run, again, profiled in backend.checked]
     for kind in (*STEP_KINDS, "all"):
-        picked = np.array([r[1:] for r in rows if kind in ("all", r[0])], dtype=float)
+        picked = np.array([r[1:] for r in backend.checked if kind in ("all", r[0])],
+                          dtype=float)
         if len(picked):
             run, again, profiled = picked.T
             print(f"{kind:24s} {len(picked):6d} {np.median(run) * 1e3:10.2f} "

@@ -162,11 +162,10 @@ GRID_SHARE = 1.0
 class Interleaved:
     """Times the profile grid (an executor.profile.GridProfile) a shape at a time between a
     measured run's steps, keeping the grid's time near `share` x the runs' time, so the
-    calibration samples the machine at the moments the runs do: on a shared machine whose
-    speed drifts by 10-30% over minutes, rounds timed between runs priced a run's steps
-    5-15% off although the same shapes timed inside a run cost what its steps did
-    (benchmarks/profile_vs_run.py). A run's clock advances by its own steps alone
-    (measured_run), so the shapes in between change none of its metrics."""
+    calibration samples the machine at the moments the runs do (a shared machine's speed
+    drifts by 10-30% over minutes; timed inside a run, a shape costs what the run's own step
+    of that shape does: benchmarks/profile_vs_run.py). A run's clock advances by its own
+    steps alone (measured_run), so the shapes in between change none of its metrics."""
 
     def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
         self.profile, self.share, self.then = profile, share, on_step
