@@ -73,9 +73,8 @@ class CheckingBackend(ModelBackend):
         return result
 
     def _blocks_needed(self, point: ProfilePoint) -> int:
-        size = self.block_manager.block_size
         lengths = [start + n for start, n in point.shares] + list(point.padding)
-        return sum(-(-length // size) for length in lengths)
+        return sum(self.block_manager.blocks_for(length) for length in lengths)
 
     def _profiled(self, point: ProfilePoint, prompts: list[list[int]]) -> float:
         self.checking = True

@@ -180,12 +180,11 @@ class Interleaved:
         """After each run step: time grid shapes until the grid has its share again."""
         if self.then is not None:
             self.then(now, done)
-        start = time.perf_counter()
-        self.run_s += start - self._mark
+        self.run_s += time.perf_counter() - self._mark
         while self.grid_s < self.share * self.run_s:
+            start = time.perf_counter()
             self.profile.run_next()
             self.grid_s += time.perf_counter() - start
-            start = time.perf_counter()
         self._mark = time.perf_counter()
 
 
