@@ -34,6 +34,10 @@ FEATURES = (
     "seqs",  # sequences in the step: per-sequence index building and gathers
     "decode_kv",  # sum of decode KV lengths: KV bytes read
     "decode_kv_padded",  # decode rows x longest decode KV: a padded kernel's attention area
+    # Longest decode KV: the native kernel splits rows between threads, a row's keys on one
+    # thread, so with few rows the longest sets the attention time (peer-45m, 2 threads: 1.9
+    # us per key for a lone 1793-token row, 0.8 us for eight of them).
+    "decode_kv_max",
     "prefill_attn",  # sum over chunks of chunk_len x KV length: a masked kernel's area
     "prefill_attn_causal",  # the (query, key) pairs a causal kernel visits (native CPU)
     "prefill_attn_padded",  # chunks x longest chunk x longest KV: a padded kernel's area
@@ -43,7 +47,7 @@ FEATURES = (
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
 )
 # Features added after calibrations were first shipped: a file without one fitted without it.
-OPTIONAL_FEATURES = frozenset({"prefill_attn_causal"})
+OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max"})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
 JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
 _MASK64 = (1 << 64) - 1
@@ -60,6 +64,7 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.prefill_seqs + plan.decode_seqs),
         float(plan.decode_context),
         float(decode_kv_padded),
+        float(plan.decode_context_max),
         float(plan.prefill_attn),
         float(plan.prefill_attn_causal),
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),

@@ -18,15 +18,16 @@ from sim.calibrated import (
     step_jitter,
 )
 from sim.core import BatchPlan, Request
+from sim.plan import add_decodes
 from sim.scheduler import Scheduler, SchedulerConfig
 
 
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 1e-9, 3e-9, 0.0, 6e-8, 0.0])
+    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0])
     x = np.column_stack([np.ones(400), rng.integers(0, 2, 400)]
                         + [rng.uniform(0, s, 400)
-                           for s in (2000, 64, 64, 5e4, 1e5, 1e6, 1e6, 1e6)])
+                           for s in (2000, 64, 64, 5e4, 1e5, 2000, 1e6, 1e6, 1e6)])
     x = np.column_stack([x, np.maximum(0, x[:, 5] - 2e4), np.maximum(0, x[:, 6] - 2e4)])
     y = x @ true * rng.normal(1.0, 0.01, 400)
     fitted = fit_coefficients(x, y)
@@ -47,6 +48,15 @@ def test_features_follow_the_plan_totals():
     assert f["prefill_attn_causal"] == 32 * 33 // 2  # query i sees keys 0..i
 
 
+def test_decode_features_see_the_longest_row_as_well_as_the_sum():
+    plan = BatchPlan()
+    short, long = Request("s", 0.0, 4, 8), Request("l", 0.0, 12, 8)
+    short.num_computed_tokens, long.num_computed_tokens = 4, 12
+    add_decodes(plan, [short, long])
+    f = dict(zip(FEATURES, plan_features(plan), strict=True))
+    assert (f["decode_kv"], f["decode_kv_max"], f["decode_kv_padded"]) == (18, 13, 26)
+
+
 def test_predict_saves_and_loads(tmp_path):
     model = CalibratedCostModel(tuple(float(i) * 1e-4 for i in range(len(FEATURES))),
                                 knee_tokens=4, meta={"model": "tiny"})
@@ -59,6 +69,7 @@ def test_predict_saves_and_loads(tmp_path):
     assert loaded.meta == {"model": "tiny"} and loaded.knee_tokens == 4
     f = dict(zip(FEATURES, plan_features(plan, 4), strict=True))
     assert f["decode_kv_excess"] == 1 and f["decode_kv_padded_excess"] == 1
+    assert f["decode_kv_max"] == 5
     assert f["prefill_step"] == 0  # decodes only
     assert plan_features(plan)[-2:] == [0.0, 0.0]  # no knee: no excess
     assert model.predict(BatchPlan()) == 0.0
@@ -129,12 +140,14 @@ def test_step_jitter_scales_steps_by_the_profiled_spread_reproducibly(tmp_path):
     assert [loaded.execute(p).duration_s for p in plans] == again
 
 
-def test_a_calibration_from_before_the_causal_feature_loads(tmp_path):
+def test_a_calibration_from_before_the_later_features_loads(tmp_path):
     path = tmp_path / "cal.json"
-    features = {name: 1e-3 for name in FEATURES if name != "prefill_attn_causal"}
+    later = ("prefill_attn_causal", "decode_kv_max")
+    features = {name: 1e-3 for name in FEATURES if name not in later}
     path.write_text(json.dumps({"features": features}))
     model = CalibratedCostModel.load(path)
-    assert dict(zip(FEATURES, model.coefficients, strict=True))["prefill_attn_causal"] == 0.0
+    coefficients = dict(zip(FEATURES, model.coefficients, strict=True))
+    assert [coefficients[name] for name in later] == [0.0, 0.0]
 
 
 def test_bad_jitter_is_refused(tmp_path):
