@@ -27,11 +27,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.backend import ModelBackend  # noqa: E402
-from executor.profile import ProfilePoint, point_prompts, run_point  # noqa: E402
+from executor.profile import (  # noqa: E402
+    GridProfile,
+    ProfilePoint,
+    point_prompts,
+    profile_grid,
+    run_point,
+)
 from executor.prompts import attach_prompt_tokens  # noqa: E402
+from servelab.cmd_calibrate import fit_profile  # noqa: E402
+from servelab.cmd_validate import Interleaved  # noqa: E402
 from servelab.model_args import add_model_args, load_model_from_args  # noqa: E402
 from servelab.sim_args import add_scheduler_args, scheduler_config  # noqa: E402
 from servelab.trace_args import add_trace_args, load_trace_from_args  # noqa: E402
+from sim.block_manager import BlockManager  # noqa: E402
 from sim.calibrated import STEP_KINDS, step_kind  # noqa: E402
 from sim.core import BatchPlan, StepResult  # noqa: E402
 from sim.engine import Engine  # noqa: E402
@@ -44,11 +53,14 @@ class CheckingBackend(ModelBackend):
     """A ModelBackend that times every `every`-th step twice more: again as the same plan,
     and profiled as the same shape."""
 
-    def __init__(self, *args, every: int, seed: int, **kwargs) -> None:
+    def __init__(self, *args, every: int, seed: int, separate: ModelBackend | None = None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.every, self.steps = every, 0
+        self.separate = separate
         self.rng = np.random.default_rng(seed)
-        self.checked: list[tuple[str, float, float, float]] = []  # kind, run, again, profiled
+        # kind, plan, run, again, profiled (and profiled on the separate backend, if one)
+        self.checked: list[tuple] = []
         self.skipped = 0  # steps whose shape did not fit the KV blocks left free
         self.checking = False
 
@@ -63,24 +75,27 @@ class CheckingBackend(ModelBackend):
                 self.skipped += 1
                 return result
             prompts = point_prompts(point, self.model.args.vocab_size, self.rng)
-            if len(self.checked) % 2:
-                again = super().execute(plan).duration_s
-                profiled = self._profiled(point, prompts)
-            else:
-                profiled = self._profiled(point, prompts)
-                again = super().execute(plan).duration_s
-            self.checked.append((step_kind(plan), result.duration_s, again, profiled))
+            timings = {"again": lambda: super(CheckingBackend, self).execute(plan).duration_s,
+                       "profiled": lambda: self._profiled(point, prompts, self)}
+            if self.separate is not None:
+                timings["separate"] = lambda: self._profiled(point, prompts, self.separate)
+            order = list(timings)
+            k = len(self.checked) % len(order)  # rotate which one runs first
+            times = {name: timings[name]() for name in order[k:] + order[:k]}
+            self.checked.append((step_kind(plan), plan, result.duration_s,
+                                 *(times[name] for name in timings)))
         return result
 
     def _blocks_needed(self, point: ProfilePoint) -> int:
         lengths = [start + n for start, n in point.shares] + list(point.padding)
         return sum(self.block_manager.blocks_for(length) for length in lengths)
 
-    def _profiled(self, point: ProfilePoint, prompts: list[list[int]]) -> float:
+    def _profiled(self, point: ProfilePoint, prompts: list[list[int]],
+                  backend: ModelBackend) -> float:
         self.checking = True
         try:
-            run_point(point, self, prompts)  # untimed, as the profile warms small shapes
-            return run_point(point, self, prompts)[1]
+            run_point(point, backend, prompts)  # untimed, as the profile warms small shapes
+            return run_point(point, backend, prompts)[1]
         finally:
             self.checking = False
 
@@ -92,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     add_scheduler_args(parser)
     parser.add_argument("--policy", choices=POLICIES, default="continuous")
     parser.add_argument("--every", type=int, default=1, help="check every N-th step")
+    parser.add_argument("--separate", action="store_true",
+                        help="also profile on a separate backend with its own KV pool, as "
+                             "validate --calibrate times the grid")
+    parser.add_argument("--grid", action="store_true",
+                        help="and time the profile grid between the run's steps on that "
+                             "backend, as validate --calibrate does; ratios to its fit too")
     args = parser.parse_args(argv)
     if args.every < 1:
         parser.error(f"--every must be >= 1, got {args.every}")
@@ -103,21 +124,49 @@ def main(argv: list[str] | None = None) -> int:
     requests = requests_from_trace(trace)
     attach_prompt_tokens(requests, loaded.vocab_size, args.seed)
     scheduler = Scheduler(config)
+    separate = profile = mixed = None
+    if args.separate or args.grid:
+        separate = ModelBackend(loaded.model, BlockManager(num_blocks, args.block_size))
     backend = CheckingBackend(loaded.model, scheduler.block_manager, every=args.every,
-                              seed=args.seed)
-    run_trace(requests, Engine(scheduler, backend))
+                              seed=args.seed, separate=separate)
+    if args.grid:  # the grid interleaved on the separate backend, as validate does
+        profile = GridProfile(separate, profile_grid(config.max_model_len,
+                                                     num_blocks * args.block_size), args.seed)
+        profile.run_round(timed=False)
+        mixed = Interleaved(profile)
+    run_trace(requests, Engine(scheduler, backend),
+              on_step=None if mixed is None else mixed.on_step)
+    fit = None
+    if profile is not None:
+        profile.finish_round()
+        while len(profile.rounds) < 2:
+            profile.run_round()
+        fit = fit_profile(profile.plans, profile.times)
+        print(f"grid: {len(profile.rounds)} rounds interleaved; {fit.describe()}")
 
     print(f"{args.policy}, {len(requests)} requests, {loaded.name} on {loaded.device}: "
           f"{len(backend.checked)} steps checked, {backend.skipped} skipped (KV pool full)")
-    print(f"{'step kind':24s} {'steps':>6s} {'in-run ms':>10s} {'profiled/run':>13s} "
-          f"{'again/run':>10s}")
+    names = ["again", "profiled"] + (["separate"] if separate else [])
+    columns = [f"{n}/run" for n in names] + (["separate/profiled"] if separate else [])
+    if fit is not None:
+        columns += [f"{n}/fit" for n in ["run"] + names[1:]]
+    print(f"{'step kind':24s} {'steps':>6s} {'in-run ms':>10s}"
+          + "".join(f" {c:>{max(10, len(c))}s}" for c in columns))
     for kind in (*STEP_KINDS, "all"):
-        picked = np.array([r[1:] for r in backend.checked if kind in ("all", r[0])],
-                          dtype=float)
-        if len(picked):
-            run, again, profiled = picked.T
-            print(f"{kind:24s} {len(picked):6d} {np.median(run) * 1e3:10.2f} "
-                  f"{np.median(profiled / run):13.3f} {np.median(again / run):10.3f}")
+        rows = [r for r in backend.checked if kind in ("all", r[0])]
+        if not rows:
+            continue
+        times = np.array([r[2:] for r in rows], dtype=float).T
+        run, timed = times[0], dict(zip(names, times[1:], strict=True))
+        ratios = [timed[n] / run for n in names]
+        if separate:
+            ratios.append(timed["separate"] / timed["profiled"])
+        if fit is not None:
+            predicted = np.array([fit.model.predict(r[1]) for r in rows])
+            ratios += [t / predicted for t in [run] + [timed[n] for n in names[1:]]]
+        print(f"{kind:24s} {len(rows):6d} {np.median(run) * 1e3:10.2f}" + "".join(
+            f" {np.median(x):>{max(10, len(c))}.3f}" for x, c in zip(ratios, columns,
+                                                                      strict=True)))
     return 0
 
 

@@ -10,7 +10,7 @@ runs' spread around it the calibration's step jitter.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,7 +155,12 @@ class GridProfile:
         self.prompts = [point_prompts(p, vocab, rng) for p in points]
         self.plans: list[BatchPlan] = []  # each point's plan (for its features)
         self.rounds: list[list[float]] = []  # timed rounds' step seconds, one per point
+        # What the machine was doing when each of those was timed (`tag` at the time:
+        # validate sets it to the measured run in progress, None between runs).
+        self.round_tags: list[list[Hashable]] = []
+        self.tag: Hashable = None
         self._partial: list[float] = []  # the round run_next is part way through
+        self._partial_tags: list[Hashable] = []
 
     def _time(self, i: int, timed: bool = True) -> float:
         """Run shape i once (timed, one of <= WARM_ROWS rows right after an untimed run:
@@ -177,13 +182,16 @@ class GridProfile:
                 on_run()
         if timed:
             self.rounds.append(times)
+            self.round_tags.append([self.tag] * len(times))
 
     def run_next(self) -> None:
         """Time the next shape of the round in progress; a round is kept once complete."""
         self._partial.append(self._time(len(self._partial)))
+        self._partial_tags.append(self.tag)
         if len(self._partial) == len(self.points):
             self.rounds.append(self._partial)
-            self._partial = []
+            self.round_tags.append(self._partial_tags)
+            self._partial, self._partial_tags = [], []
 
     def finish_round(self) -> None:
         """Time the rest of the round in progress, if one is."""
@@ -194,6 +202,19 @@ class GridProfile:
     def times(self) -> np.ndarray:
         """[timed rounds, points] step seconds."""
         return np.asarray(self.rounds, dtype=float).reshape(len(self.rounds), len(self.points))
+
+
+def relative_speeds(times: np.ndarray, tags: list[list[Hashable]]) -> dict[Hashable, float]:
+    """How slow the machine ran under each tag: the median, over the timings taken under it,
+    of timing / its shape's median over all rounds (times [rounds, points], tags alike).
+    1.1 means shapes took 10% longer than usual while that tag was set."""
+    times = np.asarray(times, dtype=float)
+    ratios = times / np.median(times, axis=0)
+    grouped: dict[Hashable, list[float]] = {}
+    for row_ratios, row_tags in zip(ratios, tags, strict=True):
+        for ratio, tag in zip(row_ratios, row_tags, strict=True):
+            grouped.setdefault(tag, []).append(float(ratio))
+    return {tag: float(np.median(values)) for tag, values in grouped.items()}
 
 
 def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,

@@ -88,11 +88,14 @@ class Fit:
             f", p90 {np.percentile(self.held_error, 90):.1%}, max {self.held_error.max():.1%}"])
 
 
-def fit_profile(plans: list, times_s: np.ndarray) -> Fit:
+def fit_profile(plans: list, times_s: np.ndarray, speeds: np.ndarray | None = None) -> Fit:
     """Fit the cost model to profiled rounds ([rounds, shapes] seconds): coefficients and
     knee on each shape's median, every HOLDOUT_EVERY-th shape held out for a trial fit, and
-    the step jitter from the rounds' spread (when there are two or more)."""
+    the step jitter from the rounds' spread (when there are two or more). speeds, if given
+    ([rounds, shapes], executor.profile.relative_speeds), is the machine's slowness at each
+    timing: the jitter is then the spread left once each timing is divided by it."""
     times_s = np.asarray(times_s, dtype=float)
+    steady = times_s if speeds is None else times_s / np.asarray(speeds, dtype=float)
     durations = np.median(times_s, axis=0)
     held = np.arange(len(plans)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     knee = choose_knee(plans, durations, ~held)  # on the fitted shapes only
@@ -100,7 +103,7 @@ def fit_profile(plans: list, times_s: np.ndarray) -> Fit:
     trial = CalibratedCostModel(tuple(fit_coefficients(features[~held], durations[~held])),
                                 knee)
     final = CalibratedCostModel(tuple(fit_coefficients(features, durations)), knee,
-                                step_jitter(times_s) if len(times_s) >= 2 else ())
+                                step_jitter(steady) if len(times_s) >= 2 else ())
     return Fit(final, relative_errors(final, features, durations),
                relative_errors(trial, features[held], durations[held]))
 

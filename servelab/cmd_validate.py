@@ -100,17 +100,18 @@ def _run(args: argparse.Namespace) -> int:
         bar.update(len(done))
 
     step_logs: dict[str, list] = {}
+    speeds = None  # with --cost-model, nothing times the machine during the runs
     if profile is None:
         measured = measure_runs(trace, configs, loaded.model, args.seed, on_step, args.repeats,
                                 step_logs=step_logs)
     else:
-        measured, fit = measure_and_calibrate(trace, configs, loaded.model, profile, args.seed,
-                                              on_step, lambda: bar.update(1), args.repeats,
-                                              step_logs)
+        measured, fit, speeds = measure_and_calibrate(
+            trace, configs, loaded.model, profile, args.seed, on_step, lambda: bar.update(1),
+            args.repeats, step_logs)
         cost_model = save_calibration(fit, args.calibrate, calibration_meta(
             args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
-    results, runs = compare(trace, configs, measured, cost_model, step_logs)
+    results, runs = compare(trace, configs, measured, cost_model, step_logs, speeds)
     source = args.cost_model or f"{args.calibrate} (calibrated during the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {source}")
@@ -118,6 +119,8 @@ def _run(args: argparse.Namespace) -> int:
         print(fit.describe())
     print(format_errors(results))
     print(format_overall(results))
+    if speeds is not None:
+        print(format_speeds(speeds))
     if steps := format_steps(results):
         print(steps)
     if args.out is not None:
@@ -138,8 +141,9 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
                  on_step=None, repeats: int = 1, before_each=None,
                  step_logs: dict[str, list] | None = None) -> dict[str, list[RunResult]]:
     """Each policy's config run `repeats` times on `model`, in A B .. B A order so a slow
-    spell of a shared machine hits every policy alike; before_each() runs before each run.
-    step_logs, if given, gets each policy's executed (plan, seconds) over all its runs."""
+    spell of a shared machine hits every policy alike; before_each(policy, k) runs before
+    the policy's k-th run. step_logs, if given, gets per policy a list of each run's
+    executed (plan, seconds)."""
     from executor.replay import measured_run
 
     prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
@@ -148,8 +152,10 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
         order = list(configs) if round_ % 2 == 0 else list(reversed(configs))
         for policy in order:
             if before_each is not None:
-                before_each()
-            log = None if step_logs is None else step_logs.setdefault(policy, [])
+                before_each(policy, round_)
+            log = None
+            if step_logs is not None:
+                step_logs.setdefault(policy, []).append(log := [])
             measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
                                                  model, seed, prefixes, on_step, log))
     return measured
@@ -172,8 +178,10 @@ class Interleaved:
         self.run_s = self.grid_s = 0.0
         self._mark = time.perf_counter()
 
-    def start_run(self) -> None:
-        """Call before each run: the time since the last step was not the runs'."""
+    def start_run(self, *run) -> None:
+        """Call before each run (naming it: the grid's timings are tagged with it until the
+        next): the time since the last step was not the runs'."""
+        self.profile.tag = run or None
         self._mark = time.perf_counter()
 
     def on_step(self, now: float, done: list) -> None:
@@ -191,48 +199,68 @@ class Interleaved:
 def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
                           seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
                           step_logs: dict[str, list] | None = None
-                          ) -> tuple[dict[str, list[RunResult]], Fit]:
+                          ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[float]]]:
     """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
     session: a warm-up round, then shapes between the runs' steps (Interleaved), the last
-    round completed after them (two rounds at least, for the step jitter); the runs and the
-    cost model fitted to those rounds. on_run: after each warm-up shape."""
+    round completed after them (two rounds at least, for the step jitter). Returns the runs,
+    the cost model fitted to those rounds, and per policy each run's speed: how slow the
+    machine ran the grid's shapes during that run (relative_speeds; 1 for a run too short
+    to time one). on_run: after each warm-up shape."""
+    from executor.profile import relative_speeds
+
     profile.run_round(timed=False, on_run=on_run)
     mixed = Interleaved(profile, on_step=on_step)
     measured = measure_runs(trace, configs, model, seed, mixed.on_step, repeats,
                             mixed.start_run, step_logs)
+    profile.tag = None  # after the runs
     profile.finish_round()
     while len(profile.rounds) < 2:
         profile.run_round()
-    return measured, fit_profile(profile.plans, profile.times)
+    by_tag = relative_speeds(profile.times, profile.round_tags)
+    slowness = [[by_tag[tag] for tag in row] for row in profile.round_tags]
+    speeds = {policy: [by_tag.get((policy, k), 1.0) for k in range(len(runs))]
+              for policy, runs in measured.items()}
+    return measured, fit_profile(profile.plans, profile.times, slowness), speeds
 
 
 def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel,
-            step_logs: dict[str, list] | None = None
+            step_logs: dict[str, list] | None = None,
+            speeds: dict[str, list[float]] | None = None
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
     summaries (each metric's median over the measured runs, and over SIMULATIONS_PER_RUN
     times as many simulated ones when the cost model has step jitter), the signed errors
     and the measured runs' `spread` ((max - min) / median: how far the machine moves one
     measurement), with step_logs (measure_runs) its `steps` (in_run_step_error); and the
-    (first measured, first simulated) runs."""
+    (first measured, first simulated) runs. speeds (measure_and_calibrate), if given, is
+    how slow the machine ran during each measured run: that run's simulations scale every
+    step by it, and its steps are priced at it (kept as each policy's `speeds`)."""
     results, runs = {}, {}
+    per_run = SIMULATIONS_PER_RUN if cost_model.jitter else 1
     for policy, config in configs.items():
         # SIMULATIONS_PER_RUN simulated runs per measured one (each a different jitter seed:
         # another equally likely run), medians compared with medians: the prediction of a
         # median, without a few jitter draws' own noise added to the machine's.
-        count = len(measured[policy]) * SIMULATIONS_PER_RUN if cost_model.jitter else 1
-        simulations = [run_trace(requests_from_trace(trace),
-                                 Engine(Scheduler(config), replace(cost_model, jitter_seed=k)))
+        run_speeds = (speeds or {}).get(policy) or [1.0] * len(measured[policy])
+        varied = cost_model.jitter or len(set(run_speeds)) > 1
+        count = len(run_speeds) * per_run if varied else 1
+        simulations = [run_trace(requests_from_trace(trace), Engine(Scheduler(config), replace(
+                           cost_model.scaled(run_speeds[k // per_run]), jitter_seed=k)))
                        for k in range(count)]
         m, spread = _median_summary([summarize(run) for run in measured[policy]])
         s, _ = _median_summary([summarize(run) for run in simulations])
-        simulated = simulations[0]
         results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s),
                            "spread": spread}
+        if speeds is not None:
+            results[policy]["speeds"] = run_speeds
         if step_logs and step_logs.get(policy):
-            results[policy]["steps"] = in_run_step_error(cost_model, step_logs[policy])
-        runs[policy] = (measured[policy][0], simulated)
+            # Each run's steps at the machine's speed then: seconds / speed vs the model.
+            steady = [(plan, seconds / speed)
+                      for log, speed in zip(step_logs[policy], run_speeds, strict=True)
+                      for plan, seconds in log]
+            results[policy]["steps"] = in_run_step_error(cost_model, steady)
+        runs[policy] = (measured[policy][0], simulations[0])
     return results, runs
 
 
@@ -270,6 +298,13 @@ def format_overall(results: dict) -> str:
         text += (f"; measured runs of the same policy differed by {o['median_spread']:.1%} "
                  f"(median over metrics)")
     return text
+
+
+def format_speeds(speeds: dict[str, list[float]]) -> str:
+    """Each policy's runs' speeds (the grid's shapes timed during a run / their median)."""
+    return ("how slow the machine ran during each measured run (simulated at that speed): "
+            + "; ".join(f"{policy} " + " ".join(f"{v:.2f}" for v in values)
+                        for policy, values in speeds.items()))
 
 
 def format_errors(results: dict) -> str:

@@ -85,9 +85,9 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
                                                            None)
     configs = {p: SchedulerConfig(policy=p, num_blocks=num_blocks, max_model_len=max_len)
                for p in policies}
-    measured, fit = measure_and_calibrate(trace, configs, model, GridProfile(backend, points),
-                                          repeats=workload.repeats)
-    return compare(trace, configs, measured, fit.model)
+    measured, fit, speeds = measure_and_calibrate(
+        trace, configs, model, GridProfile(backend, points), repeats=workload.repeats)
+    return compare(trace, configs, measured, fit.model, speeds=speeds)
 
 
 def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -> Section:

@@ -18,7 +18,7 @@ import json
 import math
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +151,12 @@ class CalibratedCostModel:
             features = plan_features(plan, self.knee_tokens)
             return sum(c * f for c, f in zip(self.coefficients, features, strict=True))
         return 0.0
+
+    def scaled(self, factor: float) -> CalibratedCostModel:
+        """The same model on a machine `factor` times as slow (every step time x factor)."""
+        if not factor > 0:
+            raise ValueError(f"factor must be > 0, got {factor}")
+        return replace(self, coefficients=tuple(c * factor for c in self.coefficients))
 
     def jitter_at(self, u: float) -> float:
         """The step-time factor a draw u in [0, 1] gives: linear between the jitter

@@ -77,12 +77,15 @@ def test_validate_can_calibrate_during_its_measured_runs(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "calibrated during the measured runs" in printed and "held-out shapes" in printed
     assert "steps of the measured runs, measured / predicted" in printed
+    assert "how slow the machine ran during each measured run" in printed
     saved = json.loads(cal.read_text())
     assert saved["meta"]["repeats"] >= 2  # rounds interleaved with the runs, two at least
     assert len(saved["jitter"]) > 2 and saved["jitter"] == sorted(saved["jitter"])
     result = json.loads(out.read_text())
     assert result["config"]["calibrated_during_runs"] is True
     assert result["results"]["continuous"]["simulated"]["completed"] == 24
+    speeds = result["results"]["continuous"]["speeds"]  # each run's, from the grid's timings
+    assert len(speeds) == 2 and all(0.2 < v < 5 for v in speeds)
     steps = result["results"]["continuous"]["steps"]  # both runs' steps, by kind
     assert steps["with a prefill chunk"]["steps"] > 0 and steps["decode, 1-13 rows"]["steps"] > 0
     assert sum(kind["time_share"] for kind in steps.values()) == pytest.approx(1.0)
@@ -112,7 +115,8 @@ def test_interleaved_grid_keeps_its_share_of_the_runs_time(monkeypatch):
 
     grid, seen = Grid(), []
     mixed = validate.Interleaved(grid, share=1.0, on_step=lambda now, done: seen.append(now))
-    mixed.start_run()
+    mixed.start_run("continuous", 0)
+    assert grid.tag == ("continuous", 0)  # the grid's timings name the run they fell in
     for _ in range(10):  # ten steps of 0.1 s: 1 s of run, so about 1 s of grid
         clock[0] += 0.1
         mixed.on_step(0.0, [])

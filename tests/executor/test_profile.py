@@ -91,11 +91,14 @@ def test_rounds_can_be_timed_a_shape_at_a_time(tiny_model):
     points = [ProfilePoint("prefill", ((0, n),)) for n in (8, 16, 24)]
     profile = GridProfile(backend, points)
     profile.run_round(timed=False)
-    for _ in range(4):
+    for tag in ("a", "a", "b", "b"):
+        profile.tag = tag  # what the machine was doing meanwhile
         profile.run_next()
     assert profile.times.shape == (1, 3)  # the round in progress is not kept yet
+    profile.tag = None
     profile.finish_round()
     assert profile.times.shape == (2, 3) and (profile.times > 0).all()
+    assert profile.round_tags == [["a", "a", "b"], ["b", None, None]]
     profile.finish_round()  # nothing in progress: nothing to do
     assert profile.times.shape == (2, 3) and backend.block_manager.num_used_blocks == 0
     assert [plan.prefill_tokens for plan in profile.plans] == [8, 16, 24]
