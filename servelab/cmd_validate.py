@@ -112,6 +112,9 @@ def _run(args: argparse.Namespace) -> int:
             args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
     results, runs = compare(trace, configs, measured, cost_model, step_logs, speeds)
+    one_speed = None  # the same runs simulated at the session's usual speed throughout
+    if speeds is not None:
+        one_speed = overall(compare(trace, configs, measured, cost_model)[0])
     source = args.cost_model or f"{args.calibrate} (calibrated during the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {source}")
@@ -121,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
     print(format_overall(results))
     if speeds is not None:
         print(format_speeds(speeds))
+        print(f"simulated at one speed throughout instead: median |error| "
+              f"{one_speed['median_abs_error']:.1%}, largest {one_speed['max_abs_error']:.1%}")
     if steps := format_steps(results):
         print(steps)
     if args.out is not None:
@@ -133,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
                        "calibrated_during_runs": profile is not None,
                        "num_blocks": num_blocks},
             "results": results, "overall": overall(results), "repeats": args.repeats,
+            "overall_at_one_speed": one_speed,
         })
     return 0
 

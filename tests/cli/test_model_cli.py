@@ -78,6 +78,7 @@ def test_validate_can_calibrate_during_its_measured_runs(tmp_path, capsys):
     assert "calibrated during the measured runs" in printed and "held-out shapes" in printed
     assert "steps of the measured runs, measured / predicted" in printed
     assert "how slow the machine ran during each measured run" in printed
+    assert "simulated at one speed throughout instead" in printed
     saved = json.loads(cal.read_text())
     assert saved["meta"]["repeats"] >= 2  # rounds interleaved with the runs, two at least
     assert len(saved["jitter"]) > 2 and saved["jitter"] == sorted(saved["jitter"])
@@ -86,6 +87,7 @@ def test_validate_can_calibrate_during_its_measured_runs(tmp_path, capsys):
     assert result["results"]["continuous"]["simulated"]["completed"] == 24
     speeds = result["results"]["continuous"]["speeds"]  # each run's, from the grid's timings
     assert len(speeds) == 2 and all(0.2 < v < 5 for v in speeds)
+    assert result["overall_at_one_speed"]["max_abs_error"] is not None
     steps = result["results"]["continuous"]["steps"]  # both runs' steps, by kind
     assert steps["with a prefill chunk"]["steps"] > 0 and steps["decode, 1-13 rows"]["steps"] > 0
     assert sum(kind["time_share"] for kind in steps.values()) == pytest.approx(1.0)
