@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor.backend import ModelBackend
+from sim.calibrated import DECODE_ROW_KNOTS
 from sim.core import BatchPlan, Request
 from sim.plan import add_padding, add_to_plan
 
@@ -63,7 +64,8 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     lengths = (64, 1024) if quick else (32, 256, 1024, 1792)
     points = [ProfilePoint("prefill", ((c, n),)) for n in chunks for c in contexts]
     points += [ProfilePoint("prefill", tuple((0, n) for _ in range(4))) for n in chunks[:-1]]
-    for b in batches:
+    # Decodes at every row count the cost model has a knot at, as well (DECODE_ROW_KNOTS).
+    for b in sorted(set(batches) | set(DECODE_ROW_KNOTS)):
         for length in lengths:
             points.append(ProfilePoint("decode", tuple((length, 1) for _ in range(b))))
             # Spread: one long context among short ones (a padded kernel pays for the long one).

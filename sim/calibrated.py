@@ -25,6 +25,12 @@ import numpy as np
 
 from sim.core import BatchPlan, Request, StepResult
 
+# A decode-only step's fixed cost by its row count, piecewise linear between these rows and
+# flat past the last. The native GEMM streams every weight once per 6-row tile up to 12 rows
+# (then once per 144-row block), so for few rows the cost is a staircase, not a line: on
+# peer-45m a linear row term priced profiled 2- and 4-row decodes 5% high and 1- and 8-row
+# ones 2-4% low, and the runs' small decodes (most of their busy time) 3-8% high.
+DECODE_ROW_KNOTS = (1, 2, 4, 6, 8, 12, 16)
 # One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
 FEATURES = (
     "constant",  # per-step overhead: scheduling, input building, Python, launches
@@ -45,9 +51,11 @@ FEATURES = (
     # the knee (tokens) is chosen per calibration, infinite (no excess) if none helps.
     "decode_kv_excess",  # max(0, decode_kv - knee)
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
+    *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),  # decode-only steps (DECODE_ROW_KNOTS)
 )
 # Features added after calibrations were first shipped: a file without one fitted without it.
-OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max"})
+OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max",
+                               *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS)})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
 JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
 _MASK64 = (1 << 64) - 1
@@ -70,7 +78,25 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
         max(0.0, plan.decode_context - knee_tokens),
         max(0.0, decode_kv_padded - knee_tokens),
+        *(decode_row_weights(plan.decode_seqs) if not plan.prefill_tokens
+          else [0.0] * len(DECODE_ROW_KNOTS)),
     ]
+
+
+def decode_row_weights(rows: int) -> list[float]:
+    """Hat functions over DECODE_ROW_KNOTS at `rows`: the two knots around it share it
+    linearly (weights summing to 1), the last knot takes every count past it."""
+    knots = DECODE_ROW_KNOTS
+    weights = [0.0] * len(knots)
+    if rows >= knots[-1]:
+        weights[-1] = 1.0
+        return weights
+    for i, (lo, hi) in enumerate(zip(knots[:-1], knots[1:], strict=True)):
+        if lo <= rows < hi:
+            weights[i + 1] = (rows - lo) / (hi - lo)
+            weights[i] = 1.0 - weights[i + 1]
+            break
+    return weights
 
 
 def fit_coefficients(features: np.ndarray, durations_s: np.ndarray) -> np.ndarray:

@@ -9,32 +9,69 @@ import numpy as np
 import pytest
 
 from sim.calibrated import (
+    DECODE_ROW_KNOTS,
     FEATURES,
     STEP_KINDS,
     CalibratedCostModel,
+    decode_row_weights,
     fit_coefficients,
     in_run_step_error,
     plan_features,
     step_jitter,
 )
 from sim.core import BatchPlan, Request
-from sim.plan import add_decodes
+from sim.plan import add_decodes, add_to_plan
 from sim.scheduler import Scheduler, SchedulerConfig
 
 
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0])
-    x = np.column_stack([np.ones(400), rng.integers(0, 2, 400)]
-                        + [rng.uniform(0, s, 400)
+    n = 2000  # enough steps at each row count to pin its fixed cost
+    knot_costs = [0.0, 1e-4, 2e-4, 3e-4, 4e-4, 6e-4, 8e-4]  # decode-only fixed cost by rows
+    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0,
+                     *knot_costs])
+    prefill = rng.integers(0, 2, n)
+    x = np.column_stack([np.ones(n), prefill]
+                        + [rng.uniform(0, s, n)
                            for s in (2000, 64, 64, 5e4, 1e5, 2000, 1e6, 1e6, 1e6)])
     x = np.column_stack([x, np.maximum(0, x[:, 5] - 2e4), np.maximum(0, x[:, 6] - 2e4)])
-    y = x @ true * rng.normal(1.0, 0.01, 400)
+    rows = rng.integers(1, 40, n)
+    hats = [decode_row_weights(r) if not p else [0.0] * len(DECODE_ROW_KNOTS)
+            for r, p in zip(rows, prefill, strict=True)]
+    x = np.column_stack([x, np.asarray(hats)])
+    y = x @ true * rng.normal(1.0, 0.01, n)
     fitted = fit_coefficients(x, y)
     assert np.all(fitted >= 0)
     rel = np.abs(x @ fitted - y) / y
     assert np.median(rel) < 0.01
-    assert fitted[:3] == pytest.approx(true[:3], rel=0.1)
+    assert fitted[2:5] == pytest.approx(true[2:5], rel=0.1)  # per row and per sequence
+    # The fixed costs (the constant is shared, so only these sums are identifiable): a
+    # prefill step's, and a decode step's at each knot.
+    assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
+    knots = slice(len(FEATURES) - len(DECODE_ROW_KNOTS), None)
+    assert fitted[0] + fitted[knots] == pytest.approx(true[0] + true[knots], rel=0.1)
+
+
+def test_decode_steps_pay_a_fixed_cost_by_their_row_count():
+    assert DECODE_ROW_KNOTS[0] == 1 and list(DECODE_ROW_KNOTS) == sorted(DECODE_ROW_KNOTS)
+    weights = decode_row_weights(3)  # halfway between the knots at 2 and 4
+    assert weights[DECODE_ROW_KNOTS.index(2)] == weights[DECODE_ROW_KNOTS.index(4)] == 0.5
+    assert decode_row_weights(500) == [0.0] * (len(DECODE_ROW_KNOTS) - 1) + [1.0]
+    for rows in range(1, 40):
+        assert sum(decode_row_weights(rows)) == pytest.approx(1.0)
+    plan = BatchPlan()
+    add_decodes(plan, [_running(f"d{i}", 10) for i in range(6)])
+    f = dict(zip(FEATURES, plan_features(plan), strict=True))
+    assert f["decode_rows_6"] == 1.0
+    add_to_plan(plan, Request("p", 0.0, 20, 4), 20)  # a prefill chunk joins: not decode-only
+    f = dict(zip(FEATURES, plan_features(plan), strict=True))
+    assert all(f[f"decode_rows_{k}"] == 0.0 for k in DECODE_ROW_KNOTS)
+
+
+def _running(request_id: str, computed: int) -> Request:
+    request = Request(request_id, 0.0, computed, 8)
+    request.num_computed_tokens = computed
+    return request
 
 
 def test_features_follow_the_plan_totals():
