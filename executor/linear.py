@@ -5,8 +5,9 @@ invariant by construction, as fast as oneDNN for prefill and faster for decode-s
 counts. Without it, oneDNN: on CPU, torch's default GEMM (MKL sgemm) picks a different kernel
 for 1, 2 and 3 rows than for 4 and more, so a token's activations change in the last bits
 with the batch it runs in, which can flip a greedy argmax. oneDNN with a weight prepacked
-once gives bitwise the same row for any row count and is as fast as GEMV for one row, where
-MKL's small-M GEMM is 3-5x slower. `pack()` picks the path; tests/executor check both.
+once gives bitwise the same row for any row count of two or more (a lone row runs as a
+pair) and is as fast as GEMV for one row, where MKL's small-M GEMM is 3-5x slower.
+`pack()` picks the path; tests/executor check both.
 """
 
 from __future__ import annotations
@@ -65,8 +66,16 @@ class Linear(nn.Module):
         if self._panels is not None:
             return torch.ops.servelab.linear(x, self._panels, self.bias, self.out_features)
         if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+            if x.shape[0] == 1:
+                # oneDNN gives a lone row its own GEMV path on some CPUs (an AMD EPYC, with
+                # 1408 inputs), whose sums differ in the last bits from the same row among
+                # others: it runs as a pair instead.
+                return self._onednn(x.expand(2, -1).contiguous())[:1]
+            return self._onednn(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         packed = ", native" if self.is_native else ", packed" if self._packed is not None else ""
