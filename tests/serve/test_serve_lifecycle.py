@@ -120,7 +120,7 @@ def test_sigkill_keeps_finished_rows_and_restart_appends(tmp_path, launch):
 
 def test_sigterm_drains_refuses_newcomers_and_aborts_after_timeout(tmp_path, launch):
     log = tmp_path / "requests.sqlite"
-    server = launch(log, "--drain-timeout-s", "1.5", "--max-model-len", "1024")
+    server = launch(log, "--drain-timeout-s", "0.5", "--max-model-len", "1024")
     quick = {"prompt": [7] * 6, "max_tokens": 30, "ignore_eos": True}
     endless = {"prompt": [8] * 6, "max_tokens": 1000, "ignore_eos": True}
 
