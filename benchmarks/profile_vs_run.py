@@ -4,7 +4,7 @@ profiled, side by side in one measured run.
 Every --every-th step of a measured run is, right after it ran, (a) executed again as the
 same plan (the run's own step-to-step noise) and (b) rebuilt as a ProfilePoint and timed
 the way `servelab calibrate` times grid shapes (fresh requests and KV blocks, one untimed
-run, one timed); (a) and (b) alternate in order. Because the three times are taken
+run, one timed); they take turns going first. Because the three times are taken
 milliseconds apart, drift of a shared machine cancels out of the ratios, which a
 calibration-then-validation comparison minutes apart cannot promise.
 
@@ -12,8 +12,11 @@ calibration-then-validation comparison minutes apart cannot promise.
         --length-scale 0.1 --qps-scale 3
 
 prints, per step kind (sim.calibrated.STEP_KINDS), the median in-run step and the medians of
-profiled / in-run and again / in-run. The run is slower than a plain one (every checked
-step runs three more times), so its latencies mean nothing; only the step ratios do.
+again / in-run and profiled / in-run. --separate also profiles on a second backend with its
+own KV pool, where validate --calibrate times the grid; --grid interleaves the grid there as
+validate does and adds each time over its fit's prediction. The run is slower than a plain
+one (every checked step runs three or more times again), so its latencies mean nothing; only
+the step ratios do.
 """
 
 from __future__ import annotations
@@ -138,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
               on_step=None if mixed is None else mixed.on_step)
     fit = None
     if profile is not None:
-        profile.finish_round()
-        while len(profile.rounds) < 2:
-            profile.run_round()
+        profile.finish()
         fit = fit_profile(profile.plans, profile.times)
         print(f"grid: {len(profile.rounds)} rounds interleaved; {fit.describe()}")
 

@@ -200,6 +200,13 @@ class GridProfile:
         while self._partial:
             self.run_next()
 
+    def finish(self, min_rounds: int = 2) -> None:
+        """Finish the round in progress, then time whole rounds until there are min_rounds
+        (two give the step jitter)."""
+        self.finish_round()
+        while len(self.rounds) < min_rounds:
+            self.run_round()
+
     @property
     def times(self) -> np.ndarray:
         """[timed rounds, points] step seconds."""

@@ -225,9 +225,7 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
     measured = measure_runs(trace, configs, model, seed, mixed.on_step, repeats,
                             mixed.start_run, step_logs)
     profile.tag = None  # after the runs
-    profile.finish_round()
-    while len(profile.rounds) < 2:
-        profile.run_round()
+    profile.finish()
     by_tag = relative_speeds(profile.times, profile.round_tags)
     slowness = [[by_tag[tag] for tag in row] for row in profile.round_tags]
     speeds = {policy: [by_tag.get((policy, k), 1.0) for k in range(len(runs))]
