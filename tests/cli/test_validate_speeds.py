@@ -11,7 +11,9 @@ from servelab.cmd_calibrate import fit_profile
 from servelab.cmd_validate import compare
 from servelab.trace_args import open_trace
 from sim.calibrated import FEATURES, CalibratedCostModel
+from sim.core import BatchPlan, Request
 from sim.engine import Engine
+from sim.plan import add_to_plan
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import run_trace
 from sim.workload import requests_from_trace
@@ -49,10 +51,7 @@ def test_jitter_is_the_spread_left_once_the_runs_speeds_are_divided_out():
     assert steady[-1] / steady[0] < 1.03
 
 
-def _plan(i: int):
-    from sim.core import BatchPlan, Request
-    from sim.plan import add_to_plan
-
+def _plan(i: int) -> BatchPlan:
     plan = BatchPlan()
     add_to_plan(plan, Request(f"r{i}", 0.0, 8 + 8 * i, 1), 8 + 8 * i)
     return plan
