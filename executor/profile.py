@@ -81,9 +81,17 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     for b in batches[2::2]:
         for length in lengths[:1] if quick else lengths[1:3]:
             live = max(1, b // 8)
-            points.append(ProfilePoint("static", tuple((length, 1) for _ in range(live)),
-                                       (length,) * (b - live)))
+            points.append(_static(live, b - live, length))
+    # And at every knot of live rows, under 12 and 48 rows in all: the lm_head's cost climbs
+    # its own staircase in the rows with logits, apart from the layers' in computed rows.
+    for b in (12, 48):
+        points += [_static(live, b - live, lengths[1]) for live in DECODE_ROW_KNOTS if live < b]
     return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens]
+
+
+def _static(live: int, finished: int, length: int) -> ProfilePoint:
+    """A static batch's step: `live` rows decoding, `finished` computed as padding."""
+    return ProfilePoint("static", ((length, 1),) * live, (length,) * finished)
 
 
 def _ragged_steps(quick: bool) -> list[ProfilePoint]:

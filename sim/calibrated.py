@@ -26,11 +26,18 @@ import numpy as np
 from sim.core import BatchPlan, Request, StepResult
 
 # A decode-only step's fixed cost by its row count, piecewise linear between these rows and
-# flat past the last. The native GEMM streams every weight once per 6-row tile up to 12 rows
-# (then once per 144-row block), so for few rows the cost is a staircase, not a line: on
-# peer-45m a linear row term priced profiled 2- and 4-row decodes 5% high and 1- and 8-row
-# ones 2-4% low, and the runs' small decodes (most of their busy time) 3-8% high.
-DECODE_ROW_KNOTS = (1, 2, 4, 6, 8, 12, 16)
+# flat past the last. The native GEMM (executor/csrc) streams every weight whole once per
+# 6-row tile up to 12 rows, then switches to K-blocking, once per 144-row block: a staircase
+# with steps at 6|7 and 12|13, not a line, then a slope of its own up to 144 rows. On
+# peer-45m a 1-, 6-, 7-, 12- and 16-row decode took 6.4, 7.9, ~11.5, 11.2 and 18.8 ms; a
+# linear row term priced the runs' small decodes 3-8% high, knots at 8 and 16 priced 13-15
+# rows 30% low, and flat past 13 (the per-row cost then the prefill's) 32 rows 8% low.
+# The lm_head streams its own weight (on peer-45m 65 MB, more than the 47 MB of all the
+# layers) the same way per tile of *sampled* rows, so it climbs its own staircase in the
+# rows with logits: the same rows in a continuous decode, not in a static step, whose
+# finished rows are computed without logits. Priced by computed rows alone, a 24-row static
+# step with 4 live rows came out 25% high (on peer-45m: 14.5 ms; 21.2 ms with 24 live).
+DECODE_ROW_KNOTS = (1, 2, 4, 6, 7, 12, 13, 144)
 # One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
 FEATURES = (
     "constant",  # per-step overhead: scheduling, input building, Python, launches
@@ -52,10 +59,12 @@ FEATURES = (
     "decode_kv_excess",  # max(0, decode_kv - knee)
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
     *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),  # decode-only steps (DECODE_ROW_KNOTS)
+    *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS),  # the same, by rows with logits
 )
 # Features added after calibrations were first shipped: a file without one fitted without it.
 OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max",
-                               *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS)})
+                               *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),
+                               *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS)})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
 JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
 _MASK64 = (1 << 64) - 1
@@ -78,14 +87,15 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
         max(0.0, plan.decode_context - knee_tokens),
         max(0.0, decode_kv_padded - knee_tokens),
-        *(decode_row_weights(plan.decode_seqs) if not plan.prefill_tokens
-          else [0.0] * len(DECODE_ROW_KNOTS)),
+        *(decode_row_weights(plan.decode_seqs) + decode_row_weights(plan.num_sampled)
+          if not plan.prefill_tokens else [0.0] * (2 * len(DECODE_ROW_KNOTS))),
     ]
 
 
 def decode_row_weights(rows: int) -> list[float]:
     """Hat functions over DECODE_ROW_KNOTS at `rows`: the two knots around it share it
-    linearly (weights summing to 1), the last knot takes every count past it."""
+    linearly (weights summing to 1), the last knot takes every count past it; all 0 for
+    no rows."""
     knots = DECODE_ROW_KNOTS
     weights = [0.0] * len(knots)
     if rows >= knots[-1]:
@@ -226,6 +236,10 @@ class CalibratedCostModel:
                    if name not in features and name not in OPTIONAL_FEATURES]
         if missing:
             raise ValueError(f"{path}: calibration lacks features {', '.join(missing)}")
+        unknown = sorted(set(features) - set(FEATURES))
+        if unknown:  # priced without them, its steps would come out wrong, silently
+            raise ValueError(f"{path}: calibration has features this version does not price "
+                             f"({', '.join(unknown)}); calibrate again")
         try:
             coefficients = tuple(float(features.get(name, 0.0)) for name in FEATURES)
             knee = payload.get("knee_tokens")

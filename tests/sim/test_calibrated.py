@@ -20,24 +20,25 @@ from sim.calibrated import (
     step_jitter,
 )
 from sim.core import BatchPlan, Request
-from sim.plan import add_decodes, add_to_plan
+from sim.plan import add_decodes, add_padding, add_to_plan
 from sim.scheduler import Scheduler, SchedulerConfig
 
 
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
-    n = 2000  # enough steps at each row count to pin its fixed cost
-    knot_costs = [0.0, 1e-4, 2e-4, 3e-4, 4e-4, 6e-4, 8e-4]  # decode-only fixed cost by rows
+    n = 3000  # enough steps at each (rows, sampled rows) knot to pin its fixed cost
+    row_costs = [0.0, 1e-4, 2e-4, 3e-4, 6e-4, 7e-4, 1e-3, 3e-3]  # decode-only fixed, by rows
+    sampled_costs = [0.0, 2e-4, 2e-4, 5e-4, 9e-4, 9e-4, 2e-3, 4e-3]  # ... by rows with logits
     true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0,
-                     *knot_costs])
+                     *row_costs, *sampled_costs])
     prefill = rng.integers(0, 2, n)
     x = np.column_stack([np.ones(n), prefill]
                         + [rng.uniform(0, s, n)
                            for s in (2000, 64, 64, 5e4, 1e5, 2000, 1e6, 1e6, 1e6)])
     x = np.column_stack([x, np.maximum(0, x[:, 5] - 2e4), np.maximum(0, x[:, 6] - 2e4)])
-    rows = rng.integers(1, 40, n)
-    hats = [decode_row_weights(r) if not p else [0.0] * len(DECODE_ROW_KNOTS)
-            for r, p in zip(rows, prefill, strict=True)]
+    rows = np.where(rng.random(n) < 0.5, rng.integers(1, 16, n), rng.integers(1, 200, n))
+    sampled = np.where(rng.random(n) < 0.5, rows, rng.integers(1, rows + 1))  # half static
+    hats = [_knot_features(r, s, p) for r, s, p in zip(rows, sampled, prefill, strict=True)]
     x = np.column_stack([x, np.asarray(hats)])
     y = x @ true * rng.normal(1.0, 0.01, n)
     fitted = fit_coefficients(x, y)
@@ -45,11 +46,21 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     rel = np.abs(x @ fitted - y) / y
     assert np.median(rel) < 0.01
     assert fitted[2:5] == pytest.approx(true[2:5], rel=0.1)  # per row and per sequence
-    # The fixed costs (the constant is shared, so only these sums are identifiable): a
-    # prefill step's, and a decode step's at each knot.
+    # The fixed costs (the constant and the two sets of knots share theirs, so only the
+    # sums are identifiable): a prefill step's, and a decode step's at each pair of knots.
     assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
-    knots = slice(len(FEATURES) - len(DECODE_ROW_KNOTS), None)
-    assert fitted[0] + fitted[knots] == pytest.approx(true[0] + true[knots], rel=0.1)
+    for r in DECODE_ROW_KNOTS:
+        for s in (k for k in DECODE_ROW_KNOTS if k <= r):
+            at = np.zeros(len(FEATURES))
+            at[0] = 1.0
+            at[-2 * len(DECODE_ROW_KNOTS):] = _knot_features(r, s, 0)
+            assert at @ fitted == pytest.approx(at @ true, rel=0.1), (r, s)
+
+
+def _knot_features(rows: int, sampled: int, prefill: int) -> list[float]:
+    if prefill:
+        return [0.0] * (2 * len(DECODE_ROW_KNOTS))
+    return decode_row_weights(rows) + decode_row_weights(sampled)
 
 
 def test_decode_steps_pay_a_fixed_cost_by_their_row_count():
@@ -63,9 +74,27 @@ def test_decode_steps_pay_a_fixed_cost_by_their_row_count():
     add_decodes(plan, [_running(f"d{i}", 10) for i in range(6)])
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["decode_rows_6"] == 1.0
+    assert f["decode_sampled_6"] == 1.0  # every row samples
     add_to_plan(plan, Request("p", 0.0, 20, 4), 20)  # a prefill chunk joins: not decode-only
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert all(f[f"decode_rows_{k}"] == 0.0 for k in DECODE_ROW_KNOTS)
+    assert all(f[f"decode_rows_{k}"] == f[f"decode_sampled_{k}"] == 0.0
+               for k in DECODE_ROW_KNOTS)
+
+
+def test_static_padding_rows_pay_the_layers_knots_but_not_the_lm_heads():
+    assert decode_row_weights(0) == [0.0] * len(DECODE_ROW_KNOTS)
+    plan = BatchPlan()
+    add_decodes(plan, [_running(f"d{i}", 10) for i in range(4)])
+    for i in range(20):  # finished rows of a static batch: computed, no logits
+        add_padding(plan, _running(f"f{i}", 12))
+    f = dict(zip(FEATURES, plan_features(plan), strict=True))
+    assert f["tokens"] == 24 and f["sampled"] == 4
+    assert f["decode_rows_4"] == 0.0 and f["decode_sampled_4"] == 1.0
+    assert sum(f[f"decode_rows_{k}"] for k in DECODE_ROW_KNOTS) == 1.0
+    assert sum(f[f"decode_sampled_{k}"] for k in DECODE_ROW_KNOTS) == 1.0
+    # A model whose lm_head costs 1 ms a tile prices the 24-row step as 4 sampled rows.
+    head = np.array([1e-3 if name.startswith("decode_sampled_") else 0.0 for name in FEATURES])
+    assert CalibratedCostModel(tuple(head)).predict(plan) == pytest.approx(1e-3)
 
 
 def _running(request_id: str, computed: int) -> Request:
@@ -108,7 +137,8 @@ def test_predict_saves_and_loads(tmp_path):
     assert f["decode_kv_excess"] == 1 and f["decode_kv_padded_excess"] == 1
     assert f["decode_kv_max"] == 5
     assert f["prefill_step"] == 0  # decodes only
-    assert plan_features(plan)[-2:] == [0.0, 0.0]  # no knee: no excess
+    f = dict(zip(FEATURES, plan_features(plan), strict=True))
+    assert f["decode_kv_excess"] == f["decode_kv_padded_excess"] == 0  # no knee: no excess
     assert model.predict(BatchPlan()) == 0.0
 
 
@@ -117,7 +147,9 @@ def test_predict_saves_and_loads(tmp_path):
     [("not json", "not a servelab calibration"), (json.dumps({"meta": {}}), "calibration"),
      (json.dumps({"features": {"constant": 1.0}}), "lacks features"),
      (json.dumps({"features": {name: "x" for name in FEATURES}}), "numbers"),
-     (json.dumps({"features": {name: -1.0 for name in FEATURES}}), ">= 0")],
+     (json.dumps({"features": {name: -1.0 for name in FEATURES}}), ">= 0"),
+     (json.dumps({"features": {"decode_rows_99": 1.0, **{name: 1.0 for name in FEATURES}}}),
+      "does not price .decode_rows_99.")],
 )
 def test_bad_calibration_file_names_the_file(tmp_path, content, needle):
     path = tmp_path / "bad.json"
