@@ -29,14 +29,16 @@ from sim.core import BatchPlan, Request, StepResult
 # flat past the last. The native GEMM (executor/csrc) streams every weight whole once per
 # 6-row tile up to 12 rows, then switches to K-blocking, once per 144-row block: a staircase
 # with steps at 6|7 and 12|13, not a line, then a slope of its own up to 144 rows. On
-# peer-45m a 1-, 6-, 7-, 12- and 16-row decode took 6.4, 7.9, ~11.5, 11.2 and 18.8 ms; a
-# linear row term priced the runs' small decodes 3-8% high, knots at 8 and 16 priced 13-15
-# rows 30% low, and flat past 13 (the per-row cost then the prefill's) 32 rows 8% low.
+# peer-45m a 1-, 6-, 8-, 12- and 16-row decode took 6.4, 7.9, 11.6, 11.2 and 18.8 ms. A
+# linear row term priced the runs' small decodes 3-8% high; knots at 12 and 16 priced steps
+# with 13-15 rows sampling 30% low; flat past 13 (the per-row cost then the prefill's) priced
+# 32-row decodes 8% low.
 # The lm_head streams its own weight (on peer-45m 65 MB, more than the 47 MB of all the
 # layers) the same way per tile of *sampled* rows, so it climbs its own staircase in the
 # rows with logits: the same rows in a continuous decode, not in a static step, whose
-# finished rows are computed without logits. Priced by computed rows alone, a 24-row static
-# step with 4 live rows came out 25% high (on peer-45m: 14.5 ms; 21.2 ms with 24 live).
+# finished rows are computed without logits. A 24-row step took 14.5 ms with 4 live rows,
+# 21.2 ms with 24; priced by computed rows alone, static steps of 16-64 rows, most of them
+# padding, came out 25% high against one-row decodes (code trace).
 DECODE_ROW_KNOTS = (1, 2, 4, 6, 7, 12, 13, 144)
 # One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
 FEATURES = (
