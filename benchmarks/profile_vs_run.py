@@ -13,10 +13,11 @@ calibration-then-validation comparison minutes apart cannot promise.
 
 prints, per step kind (sim.calibrated.STEP_KINDS), the median in-run step and the medians of
 again / in-run and profiled / in-run. --separate also profiles on a second backend with its
-own KV pool, where validate --calibrate times the grid; --grid interleaves the grid there as
-validate does and adds each time over its fit's prediction. The run is slower than a plain
-one (every checked step runs three or more times again), so its latencies mean nothing; only
-the step ratios do.
+own KV pool, where validate --calibrate times a grid shape that does not fit the run's free
+KV blocks; --grid interleaves the grid as validate does (on the run's backend where a shape
+fits, else on the second) and adds each time over its fit's prediction. The run is slower
+than a plain one (every checked step runs three or more times again), so its latencies mean
+nothing; only the step ratios do.
 """
 
 from __future__ import annotations
@@ -111,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", choices=POLICIES, default="continuous")
     parser.add_argument("--every", type=int, default=1, help="check every N-th step")
     parser.add_argument("--separate", action="store_true",
-                        help="also profile on a separate backend with its own KV pool, as "
-                             "validate --calibrate times the grid")
+                        help="also profile on a separate backend with its own KV pool, "
+                             "where validate --calibrate times shapes the run's pool can't hold")
     parser.add_argument("--grid", action="store_true",
-                        help="and time the profile grid between the run's steps on that "
-                             "backend, as validate --calibrate does; ratios to its fit too")
+                        help="and time the profile grid between the run's steps as validate "
+                             "--calibrate does; ratios to its fit too")
     args = parser.parse_args(argv)
     if args.every < 1:
         parser.error(f"--every must be >= 1, got {args.every}")
@@ -132,18 +133,27 @@ def main(argv: list[str] | None = None) -> int:
         separate = ModelBackend(loaded.model, BlockManager(num_blocks, args.block_size))
     backend = CheckingBackend(loaded.model, scheduler.block_manager, every=args.every,
                               seed=args.seed, separate=separate)
-    if args.grid:  # the grid interleaved on the separate backend, as validate does
+    on_step = None
+    if args.grid:  # the grid interleaved as validate does: on the run's backend if it fits
         profile = GridProfile(separate, profile_grid(config.max_model_len,
                                                      num_blocks * args.block_size), args.seed)
         profile.run_round(timed=False)
         mixed = Interleaved(profile)
-    run_trace(requests, Engine(scheduler, backend),
-              on_step=None if mixed is None else mixed.on_step)
+        mixed.use_backend(backend)
+
+        def on_step(now: float, done: list) -> None:
+            backend.checking = True  # the grid's shapes are not the run's steps to check
+            try:
+                mixed.on_step(now, done)
+            finally:
+                backend.checking = False
+    run_trace(requests, Engine(scheduler, backend), on_step=on_step)
     fit = None
     if profile is not None:
         profile.finish()
         fit = fit_profile(profile.plans, profile.times)
-        print(f"grid: {len(profile.rounds)} rounds interleaved; {fit.describe()}")
+        print(f"grid: {len(profile.rounds)} rounds interleaved, {profile.borrowed} of "
+              f"{profile.times.size} timings on the run's backend; {fit.describe()}")
 
     print(f"{args.policy}, {len(requests)} requests, {loaded.name} on {loaded.device}: "
           f"{len(backend.checked)} steps checked, {backend.skipped} skipped (KV pool full)")

@@ -161,7 +161,11 @@ class GridProfile:
                  ) -> None:
         rng = np.random.default_rng(seed)
         vocab = backend.model.args.vocab_size
-        self.backend, self.points = backend, points
+        # Shapes run on `backend`: `home` (the profile's own, with its own KV pool), or a
+        # measured run's lent with `use` while that run is in progress.
+        self.home = self.backend = backend
+        self.points = points
+        self.borrowed = 0  # timed runs made on a lent backend
         self.prompts = [point_prompts(p, vocab, rng) for p in points]
         self.plans: list[BatchPlan] = []  # each point's plan (for its features)
         self.rounds: list[list[float]] = []  # timed rounds' step seconds, one per point
@@ -172,15 +176,31 @@ class GridProfile:
         self._partial: list[float] = []  # the round run_next is part way through
         self._partial_tags: list[Hashable] = []
 
+    def use(self, backend: ModelBackend | None = None) -> None:
+        """Run shapes on `backend` from now on, each where its blocks fit in that pool's free
+        ones and at home otherwise; None: at home. A measured run's backend is where its steps
+        run: the same KV pool and buffers. Its step log records only its own steps."""
+        self.backend = backend or self.home
+
     def _time(self, i: int, timed: bool = True) -> float:
         """Run shape i once (timed, one of <= WARM_ROWS rows right after an untimed run:
         runs' steps follow steps like them); its seconds."""
         point, prompts = self.points[i], self.prompts[i]
-        if timed and point.rows <= WARM_ROWS:
-            run_point(point, self.backend, prompts)
-        plan, duration = run_point(point, self.backend, prompts)
+        backend = self.backend
+        bm = backend.block_manager
+        if backend is not self.home and bm.num_free_blocks < sum(
+                bm.blocks_for(len(tokens)) for tokens in prompts):
+            backend = self.home  # the run holds too much of its pool for this shape now
+        log, backend.step_log = backend.step_log, None
+        try:
+            if timed and point.rows <= WARM_ROWS:
+                run_point(point, backend, prompts)
+            plan, duration = run_point(point, backend, prompts)
+        finally:
+            backend.step_log = log
         if len(self.plans) == i:
             self.plans.append(plan)
+        self.borrowed += timed and backend is not self.home
         return duration
 
     def run_round(self, timed: bool = True, on_run: Callable[[], None] | None = None) -> None:

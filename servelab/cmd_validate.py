@@ -126,6 +126,8 @@ def _run(args: argparse.Namespace) -> int:
           f"({loaded.threads} threads); cost model {source}")
     if profile is not None:
         print(fit.describe())
+        print(f"grid timings on the measured runs' own backends: {profile.borrowed} of "
+              f"{profile.times.size}")
     print(format_errors(results))
     print(format_overall(results))
     if speeds is not None:
@@ -151,11 +153,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed: int = 0,
                  on_step=None, repeats: int = 1, before_each=None,
-                 step_logs: dict[str, list] | None = None) -> dict[str, list[RunResult]]:
+                 step_logs: dict[str, list] | None = None,
+                 on_backend=None) -> dict[str, list[RunResult]]:
     """Each policy's config run `repeats` times on `model`, in A B .. B A order so a slow
     spell of a shared machine hits every policy alike; before_each(policy, k) runs before
-    the policy's k-th run. step_logs, if given, gets per policy a list of each run's
-    executed (plan, seconds)."""
+    the policy's k-th run, on_backend(backend) once its backend is made. step_logs, if
+    given, gets per policy a list of each run's executed (plan, seconds)."""
     from executor.replay import measured_run
 
     prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
@@ -169,7 +172,8 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
             if step_logs is not None:
                 step_logs.setdefault(policy, []).append(log := [])
             measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
-                                                 model, seed, prefixes, on_step, log))
+                                                 model, seed, prefixes, on_step, log,
+                                                 on_backend))
     return measured
 
 
@@ -182,7 +186,8 @@ class Interleaved:
     measured run's steps, keeping the grid's time near `share` x the runs' time, so the
     calibration samples the machine at the moments the runs do (a shared machine's speed
     drifts by 10-30% over minutes; timed inside a run, a shape costs what the run's own step
-    of that shape does: benchmarks/profile_vs_run.py). A run's clock advances by its own
+    of that shape does: benchmarks/profile_vs_run.py), on the run's own backend where the
+    shape fits in its free KV blocks (`use_backend`). A run's clock advances by its own
     steps alone (measured_run), so the shapes in between change none of its metrics."""
 
     def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
@@ -195,6 +200,11 @@ class Interleaved:
         next): the time since the last step was not the runs'."""
         self.profile.tag = run or None
         self._mark = time.perf_counter()
+
+    def use_backend(self, backend) -> None:
+        """Time shapes on the run's backend (measure_runs' on_backend): in a second KV
+        pool, code's static steps took 2.6% longer than in the run's (profile_vs_run.py)."""
+        self.profile.use(backend)
 
     def on_step(self, now: float, done: list) -> None:
         """After each run step: time grid shapes until the grid has its share again."""
@@ -223,8 +233,9 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
     profile.run_round(timed=False, on_run=on_run)
     mixed = Interleaved(profile, on_step=on_step)
     measured = measure_runs(trace, configs, model, seed, mixed.on_step, repeats,
-                            mixed.start_run, step_logs)
-    profile.tag = None  # after the runs
+                            mixed.start_run, step_logs, mixed.use_backend)
+    profile.tag = None  # after the runs, at home
+    profile.use(None)
     profile.finish()
     by_tag = relative_speeds(profile.times, profile.round_tags)
     slowness = [[by_tag[tag] for tag in row] for row in profile.round_tags]

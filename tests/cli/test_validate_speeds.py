@@ -23,7 +23,7 @@ TRACE = "synthetic:n=40,rate=40,prompt=uniform(8,60),output=uniform(2,30)"
 
 def _model(**kwargs) -> CalibratedCostModel:
     coefficients = dict.fromkeys(FEATURES, 0.0)
-    coefficients.update(intercept=2e-3, tokens=4e-5, decode_context=1e-7)
+    coefficients.update(constant=2e-3, tokens=4e-5, decode_kv=1e-7)
     return CalibratedCostModel(tuple(coefficients[f] for f in FEATURES), **kwargs)
 
 

@@ -115,3 +115,40 @@ def test_rounds_can_be_timed_a_shape_at_a_time(tiny_model):
     profile.finish_round()  # nothing in progress: nothing to do
     assert profile.times.shape == (2, 3) and backend.block_manager.num_used_blocks == 0
     assert [plan.prefill_tokens for plan in profile.plans] == [8, 16, 24]
+
+
+def test_a_lent_backend_runs_the_shapes_its_free_blocks_hold_and_logs_none(tiny_model):
+    home = ModelBackend(tiny_model, BlockManager(256, 16))
+    log = []
+    lent = ModelBackend(tiny_model, BlockManager(8, 16), step_log=log)
+    lent.block_manager.allocate("a run's request", 5 * 16)  # 3 of its 8 blocks left free
+    points = [ProfilePoint("prefill", ((0, 40),)),  # 3 blocks: fits
+              ProfilePoint("prefill", ((0, 60),)),  # 4 blocks: runs at home
+              ProfilePoint("decode", ((30, 1), (10, 1)))]  # 2 + 1 blocks: fits
+    profile = GridProfile(home, points)
+    profile.use(lent)
+    profile.run_round()
+    assert profile.borrowed == 2 and log == []  # the run's log holds the run's steps only
+    assert lent.block_manager.num_free_blocks == 3 and home.block_manager.num_used_blocks == 0
+    profile.use(None)
+    profile.run_round()
+    assert profile.borrowed == 2 and profile.times.shape == (2, 3)
+
+
+def test_shapes_timed_on_a_runs_backend_change_none_of_its_outputs(tiny_model):
+    from servelab.cmd_validate import Interleaved, measure_runs
+    from workloads.sources import open_trace
+
+    trace = open_trace("synthetic:n=12,rate=100,prompt=uniform(8,40),output=uniform(2,10)")
+    configs = {"continuous": SchedulerConfig(num_blocks=64, max_model_len=256)}
+    plain = measure_runs(trace, configs, tiny_model)["continuous"][0]
+    points = [ProfilePoint("prefill", ((0, 24),)), ProfilePoint("decode", ((20, 1),))]
+    profile = GridProfile(ModelBackend(tiny_model, BlockManager(64, 16)), points)
+    mixed = Interleaved(profile, share=3.0)
+    logs = {}
+    mixed_run = measure_runs(trace, configs, tiny_model, 0, mixed.on_step, 1, mixed.start_run,
+                             logs, mixed.use_backend)["continuous"][0]
+    assert profile.borrowed > 0
+    assert ([r.output_token_ids for r in mixed_run.requests]
+            == [r.output_token_ids for r in plain.requests])
+    assert len(logs["continuous"][0]) == len(mixed_run.steps)  # the run's steps only
