@@ -75,7 +75,7 @@ class CheckingBackend(ModelBackend):
         self.steps += 1
         if self.steps % self.every == 0 and (plan.requests or plan.padding):
             point = ProfilePoint.from_plan(plan)
-            if self._blocks_needed(point) > self.block_manager.num_free_blocks:
+            if point.blocks(self.block_manager) > self.block_manager.num_free_blocks:
                 self.skipped += 1
                 return result
             prompts = point_prompts(point, self.model.args.vocab_size, self.rng)
@@ -89,10 +89,6 @@ class CheckingBackend(ModelBackend):
             self.checked.append((step_kind(plan), plan, result.duration_s,
                                  *(times[name] for name in timings)))
         return result
-
-    def _blocks_needed(self, point: ProfilePoint) -> int:
-        lengths = [start + n for start, n in point.shares] + list(point.padding)
-        return sum(self.block_manager.blocks_for(length) for length in lengths)
 
     def _profiled(self, point: ProfilePoint, prompts: list[list[int]],
                   backend: ModelBackend) -> float:
@@ -150,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     run_trace(requests, Engine(scheduler, backend), on_step=on_step)
     fit = None
     if profile is not None:
+        profile.use(None)  # the run is over: the rest of the grid at home, as validate does
         profile.finish()
         fit = fit_profile(profile.plans, profile.times)
         print(f"grid: {len(profile.rounds)} rounds interleaved, {profile.borrowed} of "

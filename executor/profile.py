@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor.backend import ModelBackend
+from sim.block_manager import BlockManager
 from sim.calibrated import DECODE_ROW_KNOTS
 from sim.core import BatchPlan, Request
 from sim.plan import add_padding, add_to_plan
@@ -54,6 +55,11 @@ class ProfilePoint:
     @property
     def longest(self) -> int:
         return max([s + n for s, n in self.shares] + list(self.padding))
+
+    def blocks(self, block_manager: BlockManager) -> int:
+        """KV blocks the step's sequences and padding rows hold in that pool."""
+        lengths = [start + n for start, n in self.shares] + list(self.padding)
+        return sum(block_manager.blocks_for(length) for length in lengths)
 
 
 def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) -> list[ProfilePoint]:
@@ -187,9 +193,8 @@ class GridProfile:
         runs' steps follow steps like them); its seconds."""
         point, prompts = self.points[i], self.prompts[i]
         backend = self.backend
-        bm = backend.block_manager
-        if backend is not self.home and bm.num_free_blocks < sum(
-                bm.blocks_for(len(tokens)) for tokens in prompts):
+        if (backend is not self.home
+                and backend.block_manager.num_free_blocks < point.blocks(backend.block_manager)):
             backend = self.home  # the run holds too much of its pool for this shape now
         log, backend.step_log = backend.step_log, None
         try:
