@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from tqdm import tqdm
 
@@ -40,7 +41,7 @@ from servelab.validate_output import (
     overall,
     write_out,
 )
-from sim.calibrated import CalibratedCostModel, in_run_step_error
+from sim.calibrated import CalibratedCostModel, Drift, in_run_step_error, speed_at
 from sim.engine import Engine
 from sim.metrics import summarize
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -118,9 +119,12 @@ def _run(args: argparse.Namespace) -> int:
             args, loaded, num_blocks, max_len, len(profile.points), len(profile.times)))
     bar.close()
     results, runs = compare(trace, configs, measured, cost_model, step_logs, speeds)
-    one_speed = None  # the same runs simulated at the session's usual speed throughout
-    if speeds is not None:
+    one_speed = run_speed = None  # the same runs simulated at the session's usual speed
+    if speeds is not None:  # throughout, and each at its run's speed throughout
         one_speed = overall(compare(trace, configs, measured, cost_model)[0])
+        steady = {policy: [RunSpeed.steady(s.overall) for s in runs]
+                  for policy, runs in speeds.items()}
+        run_speed = overall(compare(trace, configs, measured, cost_model, speeds=steady)[0])
     source = args.cost_model or f"{args.calibrate} (calibrated during the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {source}")
@@ -131,9 +135,11 @@ def _run(args: argparse.Namespace) -> int:
     print(format_errors(results))
     print(format_overall(results))
     if speeds is not None:
-        print(format_speeds(speeds))
-        print(f"simulated at one speed throughout instead: median |error| "
-              f"{one_speed['median_abs_error']:.1%}, largest {one_speed['max_abs_error']:.1%}")
+        print(format_speeds(speeds, SPEED_WINDOW_S))
+        for label, other in (("each run at its own speed throughout", run_speed),
+                             ("at one speed throughout", one_speed)):
+            print(f"simulated {label} instead: median |error| "
+                  f"{other['median_abs_error']:.1%}, largest {other['max_abs_error']:.1%}")
     if steps := format_steps(results):
         print(steps)
     if args.out is not None:
@@ -146,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
                        "calibrated_during_runs": profile is not None,
                        "num_blocks": num_blocks},
             "results": results, "overall": overall(results), "repeats": args.repeats,
-            "overall_at_one_speed": one_speed,
+            "overall_at_run_speeds": run_speed, "overall_at_one_speed": one_speed,
         })
     return 0
 
@@ -179,6 +185,25 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
 
 # validate --calibrate keeps the profile grid's time near this share of the measured runs'.
 GRID_SHARE = 1.0
+# The grid's timings during a run are grouped in windows of this much of the run's clock,
+# each the machine's speed then, if it holds SPEED_WINDOW_MIN timings (else the run's). A
+# shared machine's speed moves within a run too: steps of one conv run came to 0.98, 1.03,
+# 1.06 and 1.19 of the model's prediction in its four quarters.
+SPEED_WINDOW_S = 5.0
+SPEED_WINDOW_MIN = 20
+
+
+class RunSpeed(NamedTuple):
+    """How slow the machine ran during one measured run: over all of it (the median of the
+    grid's timings then, over their shapes' medians) and window by window (Drift)."""
+
+    overall: float
+    windows: Drift
+
+    @classmethod
+    def steady(cls, factor: float) -> RunSpeed:
+        """The same speed throughout."""
+        return cls(factor, ((0.0, factor),))
 
 
 class Interleaved:
@@ -192,13 +217,16 @@ class Interleaved:
 
     def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
         self.profile, self.share, self.then = profile, share, on_step
+        self.run: tuple | None = None
         self.run_s = self.grid_s = 0.0
         self._mark = time.perf_counter()
 
     def start_run(self, *run) -> None:
-        """Call before each run (naming it: the grid's timings are tagged with it until the
-        next): the time since the last step was not the runs'."""
-        self.profile.tag = run or None
+        """Call before each run (naming it: the grid's timings are tagged with it and the
+        SPEED_WINDOW_S window of its clock they fell in until the next): the time since the
+        last step was not the runs'."""
+        self.run = run or None
+        self.profile.tag = (*run, 0.0) if run else None
         self._mark = time.perf_counter()
 
     def use_backend(self, backend) -> None:
@@ -207,10 +235,13 @@ class Interleaved:
         self.profile.use(backend)
 
     def on_step(self, now: float, done: list) -> None:
-        """After each run step: time grid shapes until the grid has its share again."""
+        """After each run step (ending at `now` on the run's clock): time grid shapes until
+        the grid has its share again."""
         if self.then is not None:
             self.then(now, done)
         self.run_s += time.perf_counter() - self._mark
+        if self.run is not None:
+            self.profile.tag = (*self.run, SPEED_WINDOW_S * (now // SPEED_WINDOW_S))
         while self.grid_s < self.share * self.run_s:
             start = time.perf_counter()
             self.profile.run_next()
@@ -221,14 +252,14 @@ class Interleaved:
 def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
                           seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
                           step_logs: dict[str, list] | None = None
-                          ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[float]]]:
+                          ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[RunSpeed]]]:
     """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
     session: a warm-up round, then shapes between the runs' steps (Interleaved), the last
     round completed after them (two rounds at least, for the step jitter). Returns the runs,
-    the cost model fitted to those rounds, and per policy each run's speed: how slow the
-    machine ran the grid's shapes during that run (relative_speeds; 1 for a run too short
-    to time one). on_run: after each warm-up shape."""
-    from executor.profile import relative_speeds
+    the cost model fitted to those rounds, and per policy each run's RunSpeed: how slow the
+    machine ran the grid's shapes during that run and each window of it (relative_speeds,
+    window_speeds; 1 for a run too short to time one). on_run: after each warm-up shape."""
+    from executor.profile import relative_speeds, window_speeds
 
     profile.run_round(timed=False, on_run=on_run)
     mixed = Interleaved(profile, on_step=on_step)
@@ -237,9 +268,14 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
     profile.tag = None  # after the runs, at home
     profile.use(None)
     profile.finish()
-    by_tag = relative_speeds(profile.times, profile.round_tags)
-    slowness = [[by_tag[tag] for tag in row] for row in profile.round_tags]
-    speeds = {policy: [by_tag.get((policy, k), 1.0) for k in range(len(runs))]
+    tags = profile.round_tags
+    by_tag = window_speeds(profile.times, tags, SPEED_WINDOW_MIN)
+    slowness = [[by_tag[tag] for tag in row] for row in tags]
+    by_run = relative_speeds(profile.times, [[tag and tag[:-1] for tag in row] for row in tags])
+    speeds = {policy: [RunSpeed(by_run.get((policy, k), 1.0),
+                                tuple(sorted((tag[-1], speed) for tag, speed in by_tag.items()
+                                             if tag and tag[:-1] == (policy, k))) or ((0.0, 1.0),))
+                       for k in range(len(runs))]
               for policy, runs in measured.items()}
     return measured, fit_profile(profile.plans, profile.times, slowness), speeds
 
@@ -247,7 +283,7 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
 def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel,
             step_logs: dict[str, list] | None = None,
-            speeds: dict[str, list[float]] | None = None
+            speeds: dict[str, list[RunSpeed]] | None = None
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
     summaries (each metric's median over the measured runs, and over SIMULATIONS_PER_RUN
@@ -255,29 +291,32 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
     and the measured runs' `spread` ((max - min) / median: how far the machine moves one
     measurement), with step_logs (measure_runs) its `steps` (in_run_step_error); and the
     (first measured, first simulated) runs. speeds (measure_and_calibrate), if given, is
-    how slow the machine ran during each measured run: that run's simulations scale every
-    step by it, and its steps are priced at it (kept as each policy's `speeds`)."""
+    how slow the machine ran during each measured run, window by window: that run's
+    simulations scale each step by the speed in force when it was scheduled, and its steps
+    are priced at it (kept as each policy's `speeds` and `speed_windows`)."""
     results, runs = {}, {}
     per_run = SIMULATIONS_PER_RUN if cost_model.jitter else 1
     for policy, config in configs.items():
         # SIMULATIONS_PER_RUN simulated runs per measured one (each a different jitter seed:
         # another equally likely run), medians compared with medians: the prediction of a
         # median, without a few jitter draws' own noise added to the machine's.
-        run_speeds = (speeds or {}).get(policy) or [1.0] * len(measured[policy])
+        run_speeds = (speeds or {}).get(policy) or [RunSpeed.steady(1.0)] * len(measured[policy])
         varied = cost_model.jitter or len(set(run_speeds)) > 1
         count = len(run_speeds) * per_run if varied else 1
         simulations = [run_trace(requests_from_trace(trace), Engine(Scheduler(config), replace(
-                           cost_model.scaled(run_speeds[k // per_run]), jitter_seed=k)))
+                           cost_model.drifting(run_speeds[k // per_run].windows), jitter_seed=k)))
                        for k in range(count)]
         m, spread = _median_summary([summarize(run) for run in measured[policy]])
         s, _ = _median_summary([summarize(run) for run in simulations])
         results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s),
                            "spread": spread}
         if speeds is not None:
-            results[policy]["speeds"] = run_speeds
+            results[policy]["speeds"] = [speed.overall for speed in run_speeds]
+            results[policy]["speed_windows"] = [[list(w) for w in speed.windows]
+                                                for speed in run_speeds]
         if step_logs and step_logs.get(policy):
             # Each run's steps at the machine's speed then: seconds / speed vs the model.
-            steady = [(plan, seconds / speed)
+            steady = [(plan, seconds / speed_at(speed.windows, plan.scheduled_s))
                       for log, speed in zip(step_logs[policy], run_speeds, strict=True)
                       for plan, seconds in log]
             results[policy]["steps"] = in_run_step_error(cost_model, steady)

@@ -33,11 +33,17 @@ def format_overall(results: dict) -> str:
     return text
 
 
-def format_speeds(speeds: dict[str, list[float]]) -> str:
-    """Each policy's runs' speeds (the grid's shapes timed during a run / their median)."""
-    return ("how slow the machine ran during each measured run (simulated at that speed): "
-            + "; ".join(f"{policy} " + " ".join(f"{v:.2f}" for v in values)
-                        for policy, values in speeds.items()))
+def format_speeds(speeds: dict[str, list], window_s: float) -> str:
+    """Each policy's runs' speeds (cmd_validate.RunSpeed: the grid's shapes timed during a
+    run / their median), and the range of their windows'."""
+    def windows(runs: list) -> str:
+        factors = [factor for run in runs for _, factor in run.windows]
+        return f" (windows {min(factors):.2f}-{max(factors):.2f})"
+
+    return (f"how slow the machine ran during each measured run, simulated at its speed in "
+            f"each {window_s:g} s of the run: "
+            + "; ".join(f"{policy} " + " ".join(f"{run.overall:.2f}" for run in runs)
+                        + windows(runs) for policy, runs in speeds.items()))
 
 
 def format_errors(results: dict) -> str:

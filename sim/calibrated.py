@@ -14,6 +14,7 @@ reproducible and independent of which other runs share the model.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import zlib
@@ -25,21 +26,25 @@ import numpy as np
 
 from sim.core import BatchPlan, Request, StepResult
 
-# A decode-only step's fixed cost by its row count, piecewise linear between these rows and
-# flat past the last. The native GEMM (executor/csrc) streams every weight whole once per
-# 6-row tile up to 12 rows, then switches to K-blocking, once per 144-row block: a staircase
-# with steps at 6|7 and 12|13, not a line, then a slope of its own up to 144 rows. On
-# peer-45m a 1-, 6-, 8-, 12- and 16-row decode took 6.4, 7.9, 11.6, 11.2 and 18.8 ms. A
-# linear row term priced the runs' small decodes 3-8% high; knots at 12 and 16 priced steps
-# with 13-15 rows sampling 30% low; flat past 13 (the per-row cost then the prefill's) priced
-# 32-row decodes 8% low.
+# A step's fixed cost by its computed rows (chunk tokens, decodes and padding), piecewise
+# linear between these rows and flat past the last. The native GEMM (executor/csrc) streams
+# every weight whole once per 6-row tile up to 12 rows, then switches to K-blocking, once
+# per 144-row block: a staircase with steps at 6|7 and 12|13, not a line, then a slope of
+# its own up to 144 rows. On peer-45m a 1-, 6-, 8-, 12- and 16-row decode took 6.4, 7.9,
+# 11.6, 11.2 and 18.8 ms. A linear row term priced the runs' small decodes 3-8% high; knots
+# at 12 and 16 priced steps with 13-15 rows sampling 30% low; flat past 13 (the per-row cost
+# then the prefill's) priced 32-row decodes 8% low. The GEMM does not know a chunk's rows
+# from a decode's: with knots for decode-only steps alone, conv's steps with a prefill chunk
+# (a few short prompts and 10-30 decodes, mostly 30-500 rows, on the slope a 1024-token
+# prefill does not show) came to 1.03-1.05 of their prediction (two sessions of three runs)
+# and 1.00-1.02 with knots for every step.
 # The lm_head streams its own weight (on peer-45m 65 MB, more than the 47 MB of all the
 # layers) the same way per tile of *sampled* rows, so it climbs its own staircase in the
 # rows with logits: the same rows in a continuous decode, not in a static step, whose
 # finished rows are computed without logits. A 24-row step took 14.5 ms with 4 live rows,
 # 21.2 ms with 24; priced by computed rows alone, static steps of 16-64 rows, most of them
 # padding, came out 25% high against one-row decodes (code trace).
-DECODE_ROW_KNOTS = (1, 2, 4, 6, 7, 12, 13, 144)
+ROW_KNOTS = (1, 2, 4, 6, 7, 12, 13, 144)
 # One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
 FEATURES = (
     "constant",  # per-step overhead: scheduling, input building, Python, launches
@@ -60,14 +65,17 @@ FEATURES = (
     # the knee (tokens) is chosen per calibration, infinite (no excess) if none helps.
     "decode_kv_excess",  # max(0, decode_kv - knee)
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
-    *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),  # decode-only steps (DECODE_ROW_KNOTS)
-    *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS),  # the same, by rows with logits
+    *(f"rows_{k}" for k in ROW_KNOTS),  # fixed cost by computed rows (ROW_KNOTS)
+    *(f"sampled_{k}" for k in ROW_KNOTS),  # the same, by rows with logits
 )
 # Features added after calibrations were first shipped: a file without one fitted without it.
 OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max",
-                               *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),
-                               *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS)})
+                               *(f"rows_{k}" for k in ROW_KNOTS),
+                               *(f"sampled_{k}" for k in ROW_KNOTS)})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
+# How fast the machine ran over a run: (from_s, factor) pairs, from_s increasing; from each
+# time on (the engine's clock), steps took factor times as long as usual.
+Drift = tuple[tuple[float, float], ...]
 JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
 _MASK64 = (1 << 64) - 1
 
@@ -89,16 +97,16 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
         max(0.0, plan.decode_context - knee_tokens),
         max(0.0, decode_kv_padded - knee_tokens),
-        *(decode_row_weights(plan.decode_seqs) + decode_row_weights(plan.num_sampled)
-          if not plan.prefill_tokens else [0.0] * (2 * len(DECODE_ROW_KNOTS))),
+        *row_weights(plan.prefill_tokens + plan.decode_seqs),
+        *row_weights(plan.num_sampled),
     ]
 
 
-def decode_row_weights(rows: int) -> list[float]:
-    """Hat functions over DECODE_ROW_KNOTS at `rows`: the two knots around it share it
+def row_weights(rows: int) -> list[float]:
+    """Hat functions over ROW_KNOTS at `rows`: the two knots around it share it
     linearly (weights summing to 1), the last knot takes every count past it; all 0 for
     no rows."""
-    knots = DECODE_ROW_KNOTS
+    knots = ROW_KNOTS
     weights = [0.0] * len(knots)
     if rows >= knots[-1]:
         weights[-1] = 1.0
@@ -144,6 +152,14 @@ def step_jitter(times_s: np.ndarray) -> tuple[float, ...]:
     return tuple(float(q) for q in np.quantile(ratios, np.linspace(0.005, 0.995, JITTER_QUANTILES)))
 
 
+def speed_at(drift: Drift, t: float) -> float:
+    """The factor in force at time t: the last window starting at or before t (the first
+    before it starts); 1 without drift."""
+    if not drift:
+        return 1.0
+    return drift[max(bisect.bisect_right(drift, t, key=lambda window: window[0]) - 1, 0)][1]
+
+
 def _unit_draw(plan: BatchPlan, seed: int) -> float:
     """A number in [0, 1) fixed by the seed and the plan's first row, row count and tokens
     (splitmix64)."""
@@ -166,6 +182,9 @@ class CalibratedCostModel:
     # Quantiles of profiled run time / shape median (step_jitter); () predicts the median.
     jitter: tuple[float, ...] = ()
     jitter_seed: int = 0  # another seed, another equally likely run
+    # The machine's speed over the run replayed (Drift; () for its usual speed throughout):
+    # each step is scaled by the factor in force when it was scheduled.
+    drift: Drift = ()
     # What it was measured on: model, device, dtype, torch version, processor, threads,
     # date, block size, KV pool, fit error. Free-form, saved as JSON.
     meta: dict = field(default_factory=dict, compare=False)
@@ -182,6 +201,11 @@ class CalibratedCostModel:
         if jitter and (len(jitter) < 2 or not jitter[0] > 0
                        or any(not b >= a for a, b in zip(jitter[:-1], jitter[1:], strict=True))):
             raise ValueError("jitter must be >= 2 positive, non-decreasing quantiles")
+        starts = [start for start, _ in self.drift]
+        if (any(not factor > 0 for _, factor in self.drift)
+                or any(not b > a for a, b in zip(starts[:-1], starts[1:], strict=True))):
+            raise ValueError("drift must be (from_s, factor) pairs with increasing from_s and "
+                             "factors > 0")
 
     def predict(self, plan: BatchPlan) -> float:
         """Seconds one engine step of `plan` takes; 0 for an empty plan."""
@@ -195,6 +219,10 @@ class CalibratedCostModel:
         if not factor > 0:
             raise ValueError(f"factor must be > 0, got {factor}")
         return replace(self, coefficients=tuple(c * factor for c in self.coefficients))
+
+    def drifting(self, drift: Drift) -> CalibratedCostModel:
+        """The same model on a machine whose speed moved over the run as `drift` says."""
+        return replace(self, drift=tuple((float(start), float(factor)) for start, factor in drift))
 
     def jitter_at(self, u: float) -> float:
         """The step-time factor a draw u in [0, 1] gives: linear between the jitter
@@ -211,9 +239,12 @@ class CalibratedCostModel:
         return self.jitter_at(_unit_draw(plan, self.jitter_seed)) if self.jitter else 1.0
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        """The predicted median step time scaled by the plan's jitter draw."""
+        """The predicted median step time scaled by the plan's jitter draw and by the
+        machine's speed when the plan was scheduled."""
         seconds = self.predict(plan)
-        return StepResult(seconds * self.jitter_factor(plan) if seconds else seconds)
+        if seconds:
+            seconds *= self.jitter_factor(plan) * speed_at(self.drift, plan.scheduled_s)
+        return StepResult(seconds)
 
     def free(self, request: Request) -> None:
         """Nothing to forget."""

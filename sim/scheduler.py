@@ -144,7 +144,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> BatchPlan:
         """Decide what the next step computes (an empty plan if there is nothing to do)."""
-        plan = BatchPlan()
+        plan = BatchPlan(scheduled_s=now)
         if self._static:
             self._schedule_static(plan, now)
             return plan

@@ -87,6 +87,10 @@ def test_validate_can_calibrate_during_its_measured_runs(tmp_path, capsys):
     assert result["results"]["continuous"]["simulated"]["completed"] == 24
     speeds = result["results"]["continuous"]["speeds"]  # each run's, from the grid's timings
     assert len(speeds) == 2 and all(0.2 < v < 5 for v in speeds)
+    windows = result["results"]["continuous"]["speed_windows"]  # and each window of each run
+    assert len(windows) == 2 and all(w and w[0][0] == 0.0 for w in windows)
+    assert all(0.2 < factor < 5 for w in windows for _, factor in w)
+    assert result["overall_at_run_speeds"]["max_abs_error"] is not None
     assert result["overall_at_one_speed"]["max_abs_error"] is not None
     steps = result["results"]["continuous"]["steps"]  # both runs' steps, by kind
     assert steps["with a prefill chunk"]["steps"] > 0 and steps["decode, 1-13 rows"]["steps"] > 0
@@ -118,14 +122,17 @@ def test_interleaved_grid_keeps_its_share_of_the_runs_time(monkeypatch):
     grid, seen = Grid(), []
     mixed = validate.Interleaved(grid, share=1.0, on_step=lambda now, done: seen.append(now))
     mixed.start_run("continuous", 0)
-    assert grid.tag == ("continuous", 0)  # the grid's timings name the run they fell in
-    for _ in range(10):  # ten steps of 0.1 s: 1 s of run, so about 1 s of grid
+    # The grid's timings name the run they fell in and the window of its clock.
+    assert grid.tag == ("continuous", 0, 0.0)
+    for i in range(10):  # ten steps of 0.1 s: 1 s of run, so about 1 s of grid
         clock[0] += 0.1
-        mixed.on_step(0.0, [])
+        mixed.on_step(i * validate.SPEED_WINDOW_S * 0.6, [])
+        assert grid.tag == ("continuous", 0, validate.SPEED_WINDOW_S * (i * 6 // 10))
         assert mixed.grid_s >= mixed.run_s
     assert grid.shapes == 4 and len(seen) == 10
     clock[0] += 50.0  # between runs (simulating, saving): not the runs' time
     mixed.start_run()
     clock[0] += 0.1
     mixed.on_step(0.0, [])
+    assert grid.tag is None  # between runs, no window
     assert mixed.run_s == pytest.approx(1.1) and grid.shapes == 4
