@@ -187,8 +187,8 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
 GRID_SHARE = 1.0
 # The grid's timings during a run are grouped in windows of this much of the run's clock,
 # each the machine's speed then, if it holds SPEED_WINDOW_MIN timings (else the run's). A
-# shared machine's speed moves within a run too: steps of one conv run came to 0.98, 1.03,
-# 1.06 and 1.19 of the model's prediction in its four quarters.
+# shared machine's speed moves within a run too: one code run ran at 1.05 as a whole, one of
+# its windows at 2.20 (README, session H).
 SPEED_WINDOW_S = 5.0
 SPEED_WINDOW_MIN = 20
 

@@ -37,7 +37,10 @@ from sim.core import BatchPlan, Request, StepResult
 # from a decode's: with knots for decode-only steps alone, conv's steps with a prefill chunk
 # (a few short prompts and 10-30 decodes, mostly 30-500 rows, on the slope a 1024-token
 # prefill does not show) came to 1.03-1.05 of their prediction (two sessions of three runs)
-# and 1.00-1.02 with knots for every step.
+# and 1.00-1.02 with knots for every step. But static steps with padding, the only ones
+# whose rows mostly do not sample, then came to 1.06-1.10 (against 1.00-1.02 before), and on
+# one code profile fitted both ways the steps with a prefill chunk gained nothing (0.999 and
+# 0.998): README, session H.
 # The lm_head streams its own weight (on peer-45m 65 MB, more than the 47 MB of all the
 # layers) the same way per tile of *sampled* rows, so it climbs its own staircase in the
 # rows with logits: the same rows in a continuous decode, not in a static step, whose
