@@ -17,7 +17,7 @@ import numpy as np
 
 from executor.backend import ModelBackend
 from sim.block_manager import BlockManager
-from sim.calibrated import ROW_KNOTS
+from sim.calibrated import DECODE_ROW_KNOTS
 from sim.core import BatchPlan, Request
 from sim.plan import add_padding, add_to_plan
 
@@ -70,8 +70,8 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     lengths = (64, 1024) if quick else (32, 256, 1024, 1792)
     points = [ProfilePoint("prefill", ((c, n),)) for n in chunks for c in contexts]
     points += [ProfilePoint("prefill", tuple((0, n) for _ in range(4))) for n in chunks[:-1]]
-    # Decodes at every row count the cost model has a knot at, as well (ROW_KNOTS).
-    for b in sorted(set(batches) | set(ROW_KNOTS)):
+    # Decodes at every row count the cost model has a knot at, as well (DECODE_ROW_KNOTS).
+    for b in sorted(set(batches) | set(DECODE_ROW_KNOTS)):
         for length in lengths:
             points.append(ProfilePoint("decode", tuple((length, 1) for _ in range(b))))
             # Spread: one long context among short ones (a padded kernel pays for the long one).
@@ -91,7 +91,7 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     # And at every knot of live rows, under 12 and 48 rows in all: the lm_head's cost climbs
     # its own staircase in the rows with logits, apart from the layers' in computed rows.
     for b in (12, 48):
-        points += [_static(live, b - live, lengths[1]) for live in ROW_KNOTS if live < b]
+        points += [_static(live, b - live, lengths[1]) for live in DECODE_ROW_KNOTS if live < b]
     return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens]
 
 

@@ -26,28 +26,23 @@ import numpy as np
 
 from sim.core import BatchPlan, Request, StepResult
 
-# A step's fixed cost by its computed rows (chunk tokens, decodes and padding), piecewise
-# linear between these rows and flat past the last. The native GEMM (executor/csrc) streams
-# every weight whole once per 6-row tile up to 12 rows, then switches to K-blocking, once
-# per 144-row block: a staircase with steps at 6|7 and 12|13, not a line, then a slope of
-# its own up to 144 rows. On peer-45m a 1-, 6-, 8-, 12- and 16-row decode took 6.4, 7.9,
-# 11.6, 11.2 and 18.8 ms. A linear row term priced the runs' small decodes 3-8% high; knots
-# at 12 and 16 priced steps with 13-15 rows sampling 30% low; flat past 13 (the per-row cost
-# then the prefill's) priced 32-row decodes 8% low. The GEMM does not know a chunk's rows
-# from a decode's: with knots for decode-only steps alone, conv's steps with a prefill chunk
-# (a few short prompts and 10-30 decodes, mostly 30-500 rows, on the slope a 1024-token
-# prefill does not show) came to 1.03-1.05 of their prediction (two sessions of three runs)
-# and 1.00-1.02 with knots for every step. But static steps with padding, the only ones
-# whose rows mostly do not sample, then came to 1.06-1.10 (against 1.00-1.02 before), and on
-# one code profile fitted both ways the steps with a prefill chunk gained nothing (0.999 and
-# 0.998): README, session H.
+# A decode-only step's fixed cost by its row count, piecewise linear between these rows and
+# flat past the last. The native GEMM (executor/csrc) streams every weight whole once per
+# 6-row tile up to 12 rows, then switches to K-blocking, once per 144-row block: a staircase
+# with steps at 6|7 and 12|13, not a line, then a slope of its own up to 144 rows. On
+# peer-45m a 1-, 6-, 8-, 12- and 16-row decode took 6.4, 7.9, 11.6, 11.2 and 18.8 ms. A
+# linear row term priced the runs' small decodes 3-8% high; knots at 12 and 16 priced steps
+# with 13-15 rows sampling 30% low; flat past 13 (the per-row cost then the prefill's) priced
+# 32-row decodes 8% low. Steps with a prefill chunk keep to the linear terms: knots on every
+# step brought conv's prefill steps from 1.03-1.05 of their prediction to 1.00-1.02 but priced
+# static steps with padding 6-10% low (README, session H).
 # The lm_head streams its own weight (on peer-45m 65 MB, more than the 47 MB of all the
 # layers) the same way per tile of *sampled* rows, so it climbs its own staircase in the
 # rows with logits: the same rows in a continuous decode, not in a static step, whose
 # finished rows are computed without logits. A 24-row step took 14.5 ms with 4 live rows,
 # 21.2 ms with 24; priced by computed rows alone, static steps of 16-64 rows, most of them
 # padding, came out 25% high against one-row decodes (code trace).
-ROW_KNOTS = (1, 2, 4, 6, 7, 12, 13, 144)
+DECODE_ROW_KNOTS = (1, 2, 4, 6, 7, 12, 13, 144)
 # One feature per cost a step pays; each is read off the BatchPlan's accumulated totals.
 FEATURES = (
     "constant",  # per-step overhead: scheduling, input building, Python, launches
@@ -68,13 +63,13 @@ FEATURES = (
     # the knee (tokens) is chosen per calibration, infinite (no excess) if none helps.
     "decode_kv_excess",  # max(0, decode_kv - knee)
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
-    *(f"rows_{k}" for k in ROW_KNOTS),  # fixed cost by computed rows (ROW_KNOTS)
-    *(f"sampled_{k}" for k in ROW_KNOTS),  # the same, by rows with logits
+    *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),  # decode-only steps (DECODE_ROW_KNOTS)
+    *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS),  # the same, by rows with logits
 )
 # Features added after calibrations were first shipped: a file without one fitted without it.
 OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max",
-                               *(f"rows_{k}" for k in ROW_KNOTS),
-                               *(f"sampled_{k}" for k in ROW_KNOTS)})
+                               *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),
+                               *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS)})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
 # How fast the machine ran over a run: (from_s, factor) pairs, from_s increasing; from each
 # time on (the engine's clock), steps took factor times as long as usual.
@@ -100,16 +95,16 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
         max(0.0, plan.decode_context - knee_tokens),
         max(0.0, decode_kv_padded - knee_tokens),
-        *row_weights(plan.prefill_tokens + plan.decode_seqs),
-        *row_weights(plan.num_sampled),
+        *(decode_row_weights(plan.decode_seqs) + decode_row_weights(plan.num_sampled)
+          if not plan.prefill_tokens else [0.0] * (2 * len(DECODE_ROW_KNOTS))),
     ]
 
 
-def row_weights(rows: int) -> list[float]:
-    """Hat functions over ROW_KNOTS at `rows`: the two knots around it share it
+def decode_row_weights(rows: int) -> list[float]:
+    """Hat functions over DECODE_ROW_KNOTS at `rows`: the two knots around it share it
     linearly (weights summing to 1), the last knot takes every count past it; all 0 for
     no rows."""
-    knots = ROW_KNOTS
+    knots = DECODE_ROW_KNOTS
     weights = [0.0] * len(knots)
     if rows >= knots[-1]:
         weights[-1] = 1.0

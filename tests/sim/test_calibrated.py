@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from sim.calibrated import (
+    DECODE_ROW_KNOTS,
     FEATURES,
-    ROW_KNOTS,
     STEP_KINDS,
     CalibratedCostModel,
+    decode_row_weights,
     fit_coefficients,
     in_run_step_error,
     plan_features,
-    row_weights,
     step_jitter,
 )
 from sim.core import BatchPlan, Request
@@ -27,7 +27,7 @@ from sim.scheduler import Scheduler, SchedulerConfig
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
     n = 3000  # enough steps at each (rows, sampled rows) knot to pin its fixed cost
-    row_costs = [0.0, 1e-4, 2e-4, 3e-4, 6e-4, 7e-4, 1e-3, 3e-3]  # fixed, by computed rows
+    row_costs = [0.0, 1e-4, 2e-4, 3e-4, 6e-4, 7e-4, 1e-3, 3e-3]  # decode-only fixed, by rows
     sampled_costs = [0.0, 2e-4, 2e-4, 5e-4, 9e-4, 9e-4, 2e-3, 4e-3]  # ... by rows with logits
     true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0,
                      *row_costs, *sampled_costs])
@@ -38,7 +38,7 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     x = np.column_stack([x, np.maximum(0, x[:, 5] - 2e4), np.maximum(0, x[:, 6] - 2e4)])
     rows = np.where(rng.random(n) < 0.5, rng.integers(1, 16, n), rng.integers(1, 200, n))
     sampled = np.where(rng.random(n) < 0.5, rows, rng.integers(1, rows + 1))  # half static
-    hats = [row_weights(r) + row_weights(s) for r, s in zip(rows, sampled, strict=True)]
+    hats = [_knot_features(r, s, p) for r, s, p in zip(rows, sampled, prefill, strict=True)]
     x = np.column_stack([x, np.asarray(hats)])
     y = x @ true * rng.normal(1.0, 0.01, n)
     fitted = fit_coefficients(x, y)
@@ -47,51 +47,53 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     assert np.median(rel) < 0.01
     assert fitted[2:5] == pytest.approx(true[2:5], rel=0.1)  # per row and per sequence
     # The fixed costs (the constant and the two sets of knots share theirs, so only the
-    # sums are identifiable): a step's at each pair of knots, with and without a prefill.
-    for r in ROW_KNOTS:
-        for s in (k for k in ROW_KNOTS if k <= r):
-            for p in (0, 1):
-                at = np.zeros(len(FEATURES))
-                at[:2] = 1.0, p
-                at[-2 * len(ROW_KNOTS):] = row_weights(r) + row_weights(s)
-                assert at @ fitted == pytest.approx(at @ true, rel=0.1), (r, s, p)
+    # sums are identifiable): a prefill step's, and a decode step's at each pair of knots.
+    assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
+    for r in DECODE_ROW_KNOTS:
+        for s in (k for k in DECODE_ROW_KNOTS if k <= r):
+            at = np.zeros(len(FEATURES))
+            at[0] = 1.0
+            at[-2 * len(DECODE_ROW_KNOTS):] = _knot_features(r, s, 0)
+            assert at @ fitted == pytest.approx(at @ true, rel=0.1), (r, s)
 
 
-def test_steps_pay_a_fixed_cost_by_their_row_count():
-    assert ROW_KNOTS[0] == 1 and list(ROW_KNOTS) == sorted(ROW_KNOTS)
-    weights = row_weights(3)  # halfway between the knots at 2 and 4
-    assert weights[ROW_KNOTS.index(2)] == weights[ROW_KNOTS.index(4)] == 0.5
-    assert row_weights(500) == [0.0] * (len(ROW_KNOTS) - 1) + [1.0]
+def _knot_features(rows: int, sampled: int, prefill: int) -> list[float]:
+    if prefill:
+        return [0.0] * (2 * len(DECODE_ROW_KNOTS))
+    return decode_row_weights(rows) + decode_row_weights(sampled)
+
+
+def test_decode_steps_pay_a_fixed_cost_by_their_row_count():
+    assert DECODE_ROW_KNOTS[0] == 1 and list(DECODE_ROW_KNOTS) == sorted(DECODE_ROW_KNOTS)
+    weights = decode_row_weights(3)  # halfway between the knots at 2 and 4
+    assert weights[DECODE_ROW_KNOTS.index(2)] == weights[DECODE_ROW_KNOTS.index(4)] == 0.5
+    assert decode_row_weights(500) == [0.0] * (len(DECODE_ROW_KNOTS) - 1) + [1.0]
     for rows in range(1, 40):
-        assert sum(row_weights(rows)) == pytest.approx(1.0)
+        assert sum(decode_row_weights(rows)) == pytest.approx(1.0)
     plan = BatchPlan()
     add_decodes(plan, [_running(f"d{i}", 10) for i in range(6)])
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert f["rows_6"] == 1.0
-    assert f["sampled_6"] == 1.0  # every row samples
-    # A whole 20-token prompt joins: 26 rows, 7 of them sampling (the GEMM does not know a
-    # chunk's rows from a decode's).
-    add_to_plan(plan, Request("p", 0.0, 20, 4), 20)
+    assert f["decode_rows_6"] == 1.0
+    assert f["decode_sampled_6"] == 1.0  # every row samples
+    add_to_plan(plan, Request("p", 0.0, 20, 4), 20)  # a prefill chunk joins: not decode-only
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert f["rows_13"] == pytest.approx((144 - 26) / (144 - 13))
-    assert f["rows_144"] == pytest.approx((26 - 13) / (144 - 13))
-    assert f["sampled_7"] == 1.0
-
+    assert all(f[f"decode_rows_{k}"] == f[f"decode_sampled_{k}"] == 0.0
+               for k in DECODE_ROW_KNOTS)
 
 
 def test_static_padding_rows_pay_the_layers_knots_but_not_the_lm_heads():
-    assert row_weights(0) == [0.0] * len(ROW_KNOTS)
+    assert decode_row_weights(0) == [0.0] * len(DECODE_ROW_KNOTS)
     plan = BatchPlan()
     add_decodes(plan, [_running(f"d{i}", 10) for i in range(4)])
     for i in range(20):  # finished rows of a static batch: computed, no logits
         add_padding(plan, _running(f"f{i}", 12))
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["tokens"] == 24 and f["sampled"] == 4
-    assert f["rows_4"] == 0.0 and f["sampled_4"] == 1.0
-    assert sum(f[f"rows_{k}"] for k in ROW_KNOTS) == 1.0
-    assert sum(f[f"sampled_{k}"] for k in ROW_KNOTS) == 1.0
+    assert f["decode_rows_4"] == 0.0 and f["decode_sampled_4"] == 1.0
+    assert sum(f[f"decode_rows_{k}"] for k in DECODE_ROW_KNOTS) == 1.0
+    assert sum(f[f"decode_sampled_{k}"] for k in DECODE_ROW_KNOTS) == 1.0
     # A model whose lm_head costs 1 ms a tile prices the 24-row step as 4 sampled rows.
-    head = np.array([1e-3 if name.startswith("sampled_") else 0.0 for name in FEATURES])
+    head = np.array([1e-3 if name.startswith("decode_sampled_") else 0.0 for name in FEATURES])
     assert CalibratedCostModel(tuple(head)).predict(plan) == pytest.approx(1e-3)
 
 
@@ -146,8 +148,8 @@ def test_predict_saves_and_loads(tmp_path):
      (json.dumps({"features": {"constant": 1.0}}), "lacks features"),
      (json.dumps({"features": {name: "x" for name in FEATURES}}), "numbers"),
      (json.dumps({"features": {name: -1.0 for name in FEATURES}}), ">= 0"),
-     (json.dumps({"features": {"rows_99": 1.0, **{name: 1.0 for name in FEATURES}}}),
-      "does not price .rows_99.")],
+     (json.dumps({"features": {"decode_rows_99": 1.0, **{name: 1.0 for name in FEATURES}}}),
+      "does not price .decode_rows_99.")],
 )
 def test_bad_calibration_file_names_the_file(tmp_path, content, needle):
     path = tmp_path / "bad.json"
