@@ -63,11 +63,17 @@ FEATURES = (
     # the knee (tokens) is chosen per calibration, infinite (no excess) if none helps.
     "decode_kv_excess",  # max(0, decode_kv - knee)
     "decode_kv_padded_excess",  # max(0, decode_kv_padded - knee)
+    # 1 if a prefill chunk and decodes share the step. Such steps cost more than their rows,
+    # chunks and KV price on either side: without this term the grid's mixed shapes came to
+    # 1.02 of the fit and conv's in-run steps with a chunk to 1.02-1.04 (one profile, timed
+    # during three conv runs, fitted both ways: 1.00-1.01 with it); code continuous's went
+    # from 1.08 to 1.06, and no other kind of step moved by more than 0.002.
+    "mixed_step",
     *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),  # decode-only steps (DECODE_ROW_KNOTS)
     *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS),  # the same, by rows with logits
 )
 # Features added after calibrations were first shipped: a file without one fitted without it.
-OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max",
+OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max", "mixed_step",
                                *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),
                                *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS)})
 KNEE_CANDIDATES = (math.inf, 2048, 4096, 8192, 16384, 32768)  # tokens of decode KV
@@ -95,6 +101,7 @@ def plan_features(plan: BatchPlan, knee_tokens: float = math.inf) -> list[float]
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
         max(0.0, plan.decode_context - knee_tokens),
         max(0.0, decode_kv_padded - knee_tokens),
+        1.0 if plan.prefill_seqs and plan.decode_seqs else 0.0,
         *(decode_row_weights(plan.decode_seqs) + decode_row_weights(plan.num_sampled)
           if not plan.prefill_tokens else [0.0] * (2 * len(DECODE_ROW_KNOTS))),
     ]

@@ -30,7 +30,7 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     row_costs = [0.0, 1e-4, 2e-4, 3e-4, 6e-4, 7e-4, 1e-3, 3e-3]  # decode-only fixed, by rows
     sampled_costs = [0.0, 2e-4, 2e-4, 5e-4, 9e-4, 9e-4, 2e-3, 4e-3]  # ... by rows with logits
     true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0,
-                     *row_costs, *sampled_costs])
+                     1e-3, *row_costs, *sampled_costs])
     prefill = rng.integers(0, 2, n)
     x = np.column_stack([np.ones(n), prefill]
                         + [rng.uniform(0, s, n)
@@ -39,7 +39,8 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     rows = np.where(rng.random(n) < 0.5, rng.integers(1, 16, n), rng.integers(1, 200, n))
     sampled = np.where(rng.random(n) < 0.5, rows, rng.integers(1, rows + 1))  # half static
     hats = [_knot_features(r, s, p) for r, s, p in zip(rows, sampled, prefill, strict=True)]
-    x = np.column_stack([x, np.asarray(hats)])
+    mixed = prefill * (rng.random(n) < 0.5)  # half the prefill steps carry decodes as well
+    x = np.column_stack([x, mixed, np.asarray(hats)])
     y = x @ true * rng.normal(1.0, 0.01, n)
     fitted = fit_coefficients(x, y)
     assert np.all(fitted >= 0)
@@ -47,8 +48,11 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     assert np.median(rel) < 0.01
     assert fitted[2:5] == pytest.approx(true[2:5], rel=0.1)  # per row and per sequence
     # The fixed costs (the constant and the two sets of knots share theirs, so only the
-    # sums are identifiable): a prefill step's, and a decode step's at each pair of knots.
+    # sums are identifiable): a prefill step's, alone and with decodes, and a decode step's at
+    # each pair of knots.
     assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
+    mixed = [0, 1, FEATURES.index("mixed_step")]
+    assert fitted[mixed].sum() == pytest.approx(true[mixed].sum(), rel=0.1)
     for r in DECODE_ROW_KNOTS:
         for s in (k for k in DECODE_ROW_KNOTS if k <= r):
             at = np.zeros(len(FEATURES))
@@ -75,10 +79,12 @@ def test_decode_steps_pay_a_fixed_cost_by_their_row_count():
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["decode_rows_6"] == 1.0
     assert f["decode_sampled_6"] == 1.0  # every row samples
+    assert f["mixed_step"] == 0.0
     add_to_plan(plan, Request("p", 0.0, 20, 4), 20)  # a prefill chunk joins: not decode-only
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert all(f[f"decode_rows_{k}"] == f[f"decode_sampled_{k}"] == 0.0
                for k in DECODE_ROW_KNOTS)
+    assert f["mixed_step"] == 1.0 and f["prefill_step"] == 1.0
 
 
 def test_static_padding_rows_pay_the_layers_knots_but_not_the_lm_heads():
@@ -110,6 +116,7 @@ def test_features_follow_the_plan_totals():
     plan = sched.schedule(0.0)
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["tokens"] == 32 and f["sampled"] == 0 and f["seqs"] == 1 and f["prefill_step"] == 1
+    assert f["mixed_step"] == 0  # a chunk alone
     assert f["prefill_attn"] == 32 * 32 and f["prefill_attn_padded"] == 32 * 32
     assert f["prefill_attn_causal"] == 32 * 33 // 2  # query i sees keys 0..i
 
