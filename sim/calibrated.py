@@ -66,8 +66,8 @@ FEATURES = (
     # 1 if a prefill chunk and decodes share the step. Such steps cost more than their rows,
     # chunks and KV price on either side: without this term the grid's mixed shapes came to
     # 1.02 of the fit and conv's in-run steps with a chunk to 1.02-1.04 (one profile, timed
-    # during three conv runs, fitted both ways: 1.00-1.01 with it); code continuous's went
-    # from 1.08 to 1.06, and no other kind of step moved by more than 0.002.
+    # during three conv runs, fitted both ways: 0.99-1.01 with it); code continuous's went
+    # from 1.08 to 1.06, and no decode step moved by more than 0.001.
     "mixed_step",
     *(f"decode_rows_{k}" for k in DECODE_ROW_KNOTS),  # decode-only steps (DECODE_ROW_KNOTS)
     *(f"decode_sampled_{k}" for k in DECODE_ROW_KNOTS),  # the same, by rows with logits
