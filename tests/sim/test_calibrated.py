@@ -51,8 +51,8 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     # sums are identifiable): a prefill step's, alone and with decodes, and a decode step's at
     # each pair of knots.
     assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
-    mixed = [0, 1, FEATURES.index("mixed_step")]
-    assert fitted[mixed].sum() == pytest.approx(true[mixed].sum(), rel=0.1)
+    mixed_fixed = [0, 1, FEATURES.index("mixed_step")]
+    assert fitted[mixed_fixed].sum() == pytest.approx(true[mixed_fixed].sum(), rel=0.1)
     for r in DECODE_ROW_KNOTS:
         for s in (k for k in DECODE_ROW_KNOTS if k <= r):
             at = np.zeros(len(FEATURES))
