@@ -11,7 +11,7 @@ calibration-then-validation comparison minutes apart cannot promise.
     python benchmarks/profile_vs_run.py --trace azure-conv --max-requests 150 \\
         --length-scale 0.1 --qps-scale 3
 
-prints, per step kind (sim.calibrated.STEP_KINDS), the median in-run step and the medians of
+prints, per step kind (calibration.validation.STEP_KINDS), the median in-run step and the medians of
 again / in-run and profiled / in-run. --separate also profiles on a second backend with its
 own KV pool, where validate --calibrate times a grid shape that does not fit the run's free
 KV blocks; --grid interleaves the grid as validate does (on the run's backend where a shape
@@ -30,6 +30,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from run_args import add_run_args, trace_and_model  # noqa: E402
+
+from calibration.fit import fit_profile  # noqa: E402
+from calibration.interleave import Interleaved  # noqa: E402
+from calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from executor.backend import ModelBackend  # noqa: E402
 from executor.profile import (  # noqa: E402
     GridProfile,
@@ -39,16 +44,10 @@ from executor.profile import (  # noqa: E402
     run_point,
 )
 from executor.prompts import attach_prompt_tokens  # noqa: E402
-from servelab.cmd_calibrate import fit_profile  # noqa: E402
-from servelab.cmd_validate import Interleaved  # noqa: E402
-from servelab.model_args import add_model_args, load_model_from_args  # noqa: E402
-from servelab.sim_args import add_scheduler_args, scheduler_config  # noqa: E402
-from servelab.trace_args import add_trace_args, load_trace_from_args  # noqa: E402
 from sim.block_manager import BlockManager  # noqa: E402
-from sim.calibrated import STEP_KINDS, step_kind  # noqa: E402
 from sim.core import BatchPlan, StepResult  # noqa: E402
 from sim.engine import Engine  # noqa: E402
-from sim.scheduler import POLICIES, Scheduler  # noqa: E402
+from sim.scheduler import POLICIES, Scheduler, SchedulerConfig  # noqa: E402
 from sim.simulation import run_trace  # noqa: E402
 from sim.workload import requests_from_trace  # noqa: E402
 
@@ -102,9 +101,7 @@ class CheckingBackend(ModelBackend):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_trace_args(parser, positional=False)
-    add_model_args(parser)
-    add_scheduler_args(parser)
+    add_run_args(parser)
     parser.add_argument("--policy", choices=POLICIES, default="continuous")
     parser.add_argument("--every", type=int, default=1, help="check every N-th step")
     parser.add_argument("--separate", action="store_true",
@@ -116,11 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.every < 1:
         parser.error(f"--every must be >= 1, got {args.every}")
-    trace = load_trace_from_args(args)
-    loaded = load_model_from_args(args)
+    trace, loaded = trace_and_model(args)
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
-    config = scheduler_config(args, args.policy, num_blocks,
-                              loaded.max_model_len(args.max_model_len))
+    config = SchedulerConfig(policy=args.policy, num_blocks=num_blocks,
+                             block_size=args.block_size, max_model_len=loaded.max_model_len(None))
     requests = requests_from_trace(trace)
     attach_prompt_tokens(requests, loaded.vocab_size, args.seed)
     scheduler = Scheduler(config)

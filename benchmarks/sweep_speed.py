@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from servelab.cmd_sweep import DEFAULT_QPS_SCALES
 from sim.cost_model import AnalyticCostModel
-from sim.runners import LocalRunner, RayRunner
-from sim.sweep import SweepContext, grid
+from sweeps.grid import DEFAULT_QPS_SCALES, SweepContext, grid
+from sweeps.runners import LocalRunner, RayRunner
 from workloads import load_bundled
 
 TARGET_S = 60.0
@@ -36,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     backend = AnalyticCostModel.preset()
     context = SweepContext(load_bundled("azure-conv"), backend, backend.kv_pool_blocks(16))
-    points = grid(POLICIES, [float(x) for x in DEFAULT_QPS_SCALES.split(",")])
+    points = grid(POLICIES, DEFAULT_QPS_SCALES)
     rows, wall = timed(LocalRunner(context, args.workers), points)
     print(f"{len(points)} runs of {len(context.trace):,} requests, {args.workers} workers: "
           f"{wall:.1f} s wall = {wall / TARGET_S:.2f}x the {TARGET_S:.0f} s target")

@@ -12,19 +12,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.cmd_simulate import add_cost_model_args, deployment_backend
 from servelab.sim_args import (
+    add_cost_model_args,
     add_output_args,
+    deployment_backend,
     parse_policies,
     slo_from_args,
     write_json_atomic,
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
-from sim.runners import LocalRunner, RayRunner
-from sim.sweep import Capacity, CapacitySlo, SweepContext, find_capacity, grid
+from sweeps.grid import (
+    DEFAULT_QPS_SCALES,
+    Capacity,
+    CapacitySlo,
+    SweepContext,
+    capacity_records,
+    find_capacity,
+    grid,
+)
+from sweeps.runners import LocalRunner, RayRunner
 
-# Around the default deployment's knee on the conv trace (capacity at SLO near 3x).
-DEFAULT_QPS_SCALES = "1.5,2,2.5,3,3.5,4,5,6"
+QPS_SCALES_TEXT = ",".join(f"{x:g}" for x in DEFAULT_QPS_SCALES)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,9 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_args(sweep, positional=False)
     grid_args = sweep.add_argument_group("grid (comma-separated lists)")
     grid_args.add_argument("--policies", default="static,continuous,recompute,chunked")
-    grid_args.add_argument("--qps-scales", default=DEFAULT_QPS_SCALES,
+    grid_args.add_argument("--qps-scales", default=QPS_SCALES_TEXT,
                            help="rates as multiples of the trace's own, on top of --qps-scale "
-                                f"(default {DEFAULT_QPS_SCALES})")
+                                f"(default {QPS_SCALES_TEXT})")
     grid_args.add_argument("--num-blocks", default=None,
                            help="KV pool sizes in blocks (default: the deployment's)")
     grid_args.add_argument("--token-budgets", default=None,
@@ -139,15 +147,6 @@ def format_sweep(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:
-    return [{"policy": c.point.policy, "num_blocks": c.probes[0]["num_blocks"],
-             "token_budget": c.probes[0]["token_budget"], "max_num_seqs": c.point.max_num_seqs,
-             "capacity_qps_scale": c.qps_scale, "capacity_rate_rps": c.rate_rps,
-             "bounded": c.bounded, "probes": len(c.probes),
-             "slo_ttft_p99_ms": slo.ttft_p99_ms, "slo_itl_p99_ms": slo.itl_p99_ms}
-            for c in capacities]
-
-
 def format_capacity(capacities: list[Capacity], slo: CapacitySlo) -> str:
     lines = [f"capacity at p99 TTFT <= {slo.ttft_p99_ms:g} ms and p99 ITL <= "
              f"{slo.itl_p99_ms:g} ms:"]
@@ -163,7 +162,7 @@ def format_capacity(capacities: list[Capacity], slo: CapacitySlo) -> str:
 
 def _write_out(out_dir: Path, table: pd.DataFrame, capacities: list[Capacity],
                slo: CapacitySlo, title: str) -> None:
-    from sim.sweep_charts import latency_vs_load
+    from reporting.sweep_charts import latency_vs_load
     from workloads.files import atomic_output
 
     out_dir.mkdir(parents=True, exist_ok=True)

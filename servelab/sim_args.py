@@ -6,9 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
+from sim.calibrated import CalibratedCostModel
+from sim.core import Backend
+from sim.cost_model import AnalyticCostModel
 from sim.metrics import Slo
 from sim.scheduler import POLICIES, SchedulerConfig
 from workloads.files import atomic_output
+
+DEFAULT_MAX_MODEL_LEN = 8192
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -99,3 +104,30 @@ def format_summaries(results: dict[str, dict]) -> str:
             cells.append("-" if value is None else fmt.format(value))
         lines.append(f"{key:<24}" + "".join(f"{c:>{width + 2}}" for c in cells))
     return "\n".join(lines)
+
+
+def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
+    """--model, --hardware, --dtype, --cost-model: what deployment_backend reads."""
+    group = parser.add_argument_group("deployment (analytic cost model)")
+    group.add_argument("--model", default="llama-3-8b", help="model shape preset")
+    group.add_argument("--hardware", default="h100", help="GPU preset: a100-80gb, h100, h200")
+    group.add_argument("--dtype", default="bf16", help="bf16 or fp16")
+    group.add_argument("--cost-model", type=Path, default=None,
+                       help="a calibration JSON from `servelab calibrate` instead of the "
+                            "analytic model (its KV pool and max length become the defaults)")
+
+
+def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
+    """The cost model, its default KV blocks and max length, and a one-line description."""
+    if args.cost_model is not None:
+        model = CalibratedCostModel.load(args.cost_model)
+        meta = model.meta
+        if meta.get("block_size", args.block_size) != args.block_size:
+            raise ValueError(f"{args.cost_model}: calibrated with block size "
+                             f"{meta['block_size']}, --block-size is {args.block_size}")
+        where = f"calibrated {meta.get('model', '?')} on {meta.get('hardware', '?')}"
+        return model, meta.get("num_blocks", 4096), meta.get("max_model_len", 2048), where
+    model = AnalyticCostModel.preset(args.model, args.hardware, args.dtype)
+    max_len = min(model.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    where = f"{args.model} on {args.hardware} ({args.dtype})"
+    return model, model.kv_pool_blocks(args.block_size), max_len, where

@@ -1,24 +1,8 @@
-"""What `servelab validate` prints and writes: error tables, step tables, charts."""
+"""What `servelab validate` prints: error tables, machine speeds, step tables."""
 
 from __future__ import annotations
 
-import statistics
-from pathlib import Path
-
-from sim.calibrated import STEP_KINDS
-from sim.simulation import RunResult
-
-# The metrics whose simulated value is checked against the measured one.
-VALIDATED = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
-             "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
-
-def overall(results: dict) -> dict:
-    """Median and largest |error| over every policy and metric, and the median spread."""
-    errors = [abs(e) for r in results.values() for e in r["error"].values() if e is not None]
-    spreads = [v for r in results.values() for v in r["spread"].values() if v is not None]
-    return {"median_abs_error": statistics.median(errors) if errors else None,
-            "max_abs_error": max(errors) if errors else None,
-            "median_spread": statistics.median(spreads) if spreads else None}
+from calibration.validation import STEP_KINDS, VALIDATED, overall
 
 
 def format_overall(results: dict) -> str:
@@ -34,7 +18,7 @@ def format_overall(results: dict) -> str:
 
 
 def format_speeds(speeds: dict[str, list], window_s: float) -> str:
-    """Each policy's runs' speeds (cmd_validate.RunSpeed: the grid's shapes timed during a
+    """Each policy's runs' speeds (calibration.validation.RunSpeed: the grid's shapes timed during a
     run / their median), and the range of their windows'."""
     def windows(runs: list) -> str:
         factors = [factor for run in runs for _, factor in run.windows]
@@ -79,18 +63,3 @@ def format_steps(results: dict) -> str:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
-
-
-def write_out(out_dir: Path, title: str, results: dict,
-               runs: dict[str, tuple[RunResult, RunResult]]) -> None:
-    from sim.fidelity_charts import write_fidelity_charts
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [{"policy": p, "metric": k, "measured": r["measured"].get(k),
-             "simulated": r["simulated"].get(k), "error": r["error"][k]}
-            for p, r in results.items() for k in VALIDATED]
-    import pandas as pd
-
-    pd.DataFrame(rows).to_csv(out_dir / "fidelity_errors.csv", index=False)
-    paths = write_fidelity_charts(results, runs, out_dir, title)
-    print(f"wrote {len(paths)} charts and fidelity_errors.csv to {out_dir}")

@@ -18,7 +18,6 @@ import bisect
 import json
 import math
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -290,40 +289,3 @@ class CalibratedCostModel:
             return cls(coefficients, knee, jitter, meta=dict(payload.get("meta", {})))
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
-
-
-# Kinds of step `in_run_step_error` reports on; small decodes are where ITL medians live.
-SMALL_DECODE_ROWS = 13
-STEP_KINDS = (f"decode, 1-{SMALL_DECODE_ROWS} rows", f"decode, {SMALL_DECODE_ROWS + 1}+ rows",
-              "static, with padding", "with a prefill chunk")
-
-
-def step_kind(plan: BatchPlan) -> str:
-    """Which of STEP_KINDS a plan is."""
-    if plan.prefill_tokens:
-        return STEP_KINDS[3]
-    if plan.padding:
-        return STEP_KINDS[2]
-    return STEP_KINDS[0] if plan.decode_seqs <= SMALL_DECODE_ROWS else STEP_KINDS[1]
-
-
-def in_run_step_error(model: CalibratedCostModel, steps: Iterable[tuple[BatchPlan, float]]
-                      ) -> dict[str, dict]:
-    """How the model prices the steps a measured run actually took: per STEP_KINDS present,
-    the step count, the median of measured / predicted, the kind's measured seconds over its
-    predicted ones, and its share of the measured busy time."""
-    grouped: dict[str, list[tuple[float, float]]] = {}
-    for plan, seconds in steps:
-        predicted = model.predict(plan)
-        if predicted > 0:
-            grouped.setdefault(step_kind(plan), []).append((seconds, predicted))
-    busy = sum(seconds for pairs in grouped.values() for seconds, _ in pairs)
-    result = {}
-    for kind in STEP_KINDS:
-        if kind in grouped:
-            measured, predicted = np.asarray(grouped[kind]).T
-            result[kind] = {"steps": len(measured),
-                            "median_ratio": float(np.median(measured / predicted)),
-                            "time_ratio": float(measured.sum() / predicted.sum()),
-                            "time_share": float(measured.sum() / busy)}
-    return result

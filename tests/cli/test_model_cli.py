@@ -52,15 +52,6 @@ def test_calibrate_then_validate_and_simulate_with_the_calibration(tmp_path, cap
     assert json.loads(sim_json.read_text())["results"]["continuous"]["completed"] == 24
 
 
-def test_validate_measured_summary_is_the_median_of_its_runs():
-    from servelab.cmd_validate import _median_summary
-
-    runs = [{"output_throughput": v, "median_ttft_ms": None, "completed": 5} for v in (90, 110)]
-    merged, spread = _median_summary(runs)
-    assert merged["output_throughput"] == 100 and merged["completed"] == 5
-    assert spread["output_throughput"] == 0.2 and spread["median_ttft_ms"] is None
-
-
 def test_validate_rejects_a_bad_calibration_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
@@ -104,35 +95,3 @@ def test_validate_wants_exactly_one_calibration_source(tmp_path, capsys):
         main(["validate", "--trace", TRACE, *MODEL, "--cost-model", "a.json",
               "--calibrate", "b.json"])
     assert "--calibrate" in capsys.readouterr().err
-
-
-def test_interleaved_grid_keeps_its_share_of_the_runs_time(monkeypatch):
-    import servelab.cmd_validate as validate
-
-    clock = [0.0]
-    monkeypatch.setattr(validate.time, "perf_counter", lambda: clock[0])
-
-    class Grid:  # each shape takes 0.3 s
-        shapes = 0
-
-        def run_next(self):
-            self.shapes += 1
-            clock[0] += 0.3
-
-    grid, seen = Grid(), []
-    mixed = validate.Interleaved(grid, share=1.0, on_step=lambda now, done: seen.append(now))
-    mixed.start_run("continuous", 0)
-    # The grid's timings name the run they fell in and the window of its clock.
-    assert grid.tag == ("continuous", 0, 0.0)
-    for i in range(10):  # ten steps of 0.1 s: 1 s of run, so about 1 s of grid
-        clock[0] += 0.1
-        mixed.on_step(i * validate.SPEED_WINDOW_S * 0.6, [])
-        assert grid.tag == ("continuous", 0, validate.SPEED_WINDOW_S * (i * 6 // 10))
-        assert mixed.grid_s >= mixed.run_s
-    assert grid.shapes == 4 and len(seen) == 10
-    clock[0] += 50.0  # between runs (simulating, saving): not the runs' time
-    mixed.start_run()
-    clock[0] += 0.1
-    mixed.on_step(0.0, [])
-    assert grid.tag is None  # between runs, no window
-    assert mixed.run_s == pytest.approx(1.1) and grid.shapes == 4

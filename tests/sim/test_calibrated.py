@@ -11,11 +11,9 @@ import pytest
 from sim.calibrated import (
     DECODE_ROW_KNOTS,
     FEATURES,
-    STEP_KINDS,
     CalibratedCostModel,
     decode_row_weights,
     fit_coefficients,
-    in_run_step_error,
     plan_features,
     step_jitter,
 )
@@ -165,25 +163,6 @@ def test_bad_calibration_file_names_the_file(tmp_path, content, needle):
         CalibratedCostModel.load(path)
 
 
-def test_calibrate_picks_the_knee_where_kv_gets_dearer():
-    from servelab.cmd_calibrate import choose_knee
-
-    rng = np.random.default_rng(1)
-    plans, durations = [], []
-    for rows in (1, 2, 4, 8, 16, 32, 64):
-        for kv in (32, 256, 1024, 1792):
-            plan = BatchPlan(decode_seqs=rows, num_sampled=rows, decode_context=rows * kv,
-                             decode_context_max=kv)
-            total = rows * kv
-            seconds = 5e-3 + 1e-4 * rows + 2e-7 * total + 1e-6 * max(0, total - 8192)
-            plans.append(plan)
-            durations.append(seconds * rng.normal(1.0, 0.005))
-    durations = np.asarray(durations)
-    assert choose_knee(plans, durations, np.ones(len(plans), dtype=bool)) == 8192
-    flat = np.asarray([5e-3 + 2e-7 * p.decode_context for p in plans])
-    assert choose_knee(plans, flat, np.ones(len(plans), dtype=bool)) == np.inf
-
-
 def _decode_plan(request_id: str, computed: int) -> BatchPlan:
     request = Request(request_id, 0.0, computed, 4)
     request.num_computed_tokens = computed
@@ -234,28 +213,3 @@ def test_bad_jitter_is_refused(tmp_path):
         CalibratedCostModel.load(path)
     with pytest.raises(ValueError, match=">= 2 runs"):
         step_jitter(np.ones((1, 5)))
-
-
-def test_in_run_step_error_groups_steps_by_kind():
-    model = CalibratedCostModel((0.002, 0.001, 1e-4) + (0.0,) * (len(FEATURES) - 3))
-    small = _decode_plan("a", 40)
-    large = BatchPlan(requests=[Request(f"b{i}", 0.0, 9, 4) for i in range(20)],
-                      decode_seqs=20, num_sampled=20)
-    prefill = BatchPlan(requests=[Request("c", 0.0, 64, 4)], prefill_tokens=64,
-                        prefill_seqs=1, num_sampled=1)
-    padded = BatchPlan(requests=[Request("d", 0.0, 9, 4)], padding=[Request("e", 0.0, 9, 4)],
-                       decode_seqs=2, num_sampled=1)
-    steps = [(small, 0.9 * model.predict(small)), (small, 1.1 * model.predict(small)),
-             (small, 0.8 * model.predict(small)), (large, 1.2 * model.predict(large)),
-             (prefill, model.predict(prefill)), (padded, 0.5 * model.predict(padded)),
-             (BatchPlan(), 0.001)]  # an empty plan predicts nothing and is left out
-    error = in_run_step_error(model, steps)
-    assert list(error) == list(STEP_KINDS)
-    assert error["decode, 1-13 rows"]["steps"] == 3
-    assert error["decode, 1-13 rows"]["median_ratio"] == pytest.approx(0.9)
-    assert error["decode, 1-13 rows"]["time_ratio"] == pytest.approx(2.8 / 3)  # same shape
-    assert error["decode, 14+ rows"]["median_ratio"] == pytest.approx(1.2)
-    assert error["with a prefill chunk"]["median_ratio"] == pytest.approx(1.0)
-    assert error["static, with padding"]["median_ratio"] == pytest.approx(0.5)
-    assert sum(e["time_share"] for e in error.values()) == pytest.approx(1.0)
-    assert in_run_step_error(model, []) == {}

@@ -7,11 +7,11 @@ import pytest
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
 from sim.metrics import summarize
-from sim.runners import LocalRunner, RayRunner
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import run_trace
-from sim.sweep import CapacitySlo, SweepContext, SweepPoint, find_capacity, grid, run_point
 from sim.workload import requests_from_trace
+from sweeps.grid import CapacitySlo, SweepContext, SweepPoint, find_capacity, grid, run_point
+from sweeps.runners import LocalRunner, RayRunner
 from workloads import load_bundled
 from workloads.transforms import head, scale_qps
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from calibration.fit import fit_profile
+from calibration.validation import RunSpeed, compare
 from executor.profile import relative_speeds, window_speeds
-from servelab.cmd_calibrate import fit_profile
-from servelab.cmd_validate import RunSpeed, compare
-from servelab.trace_args import open_trace
 from sim.calibrated import FEATURES, CalibratedCostModel, speed_at
 from sim.core import BatchPlan, Request
 from sim.engine import Engine
@@ -17,6 +16,7 @@ from sim.plan import add_to_plan
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import run_trace
 from sim.workload import requests_from_trace
+from workloads import open_trace
 
 TRACE = "synthetic:n=40,rate=40,prompt=uniform(8,60),output=uniform(2,30)"
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from servelab import report_sections as sections
-from servelab.cmd_report import write_markdown
-from servelab.report_capacity import latency_vs_load
+from reporting import sections
+from reporting.capacity import latency_vs_load
+from reporting.report import write_markdown
 from workloads import load_bundled
 from workloads.transforms import head
 

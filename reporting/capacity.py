@@ -8,16 +8,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.cmd_sweep import DEFAULT_QPS_SCALES, capacity_records
-from servelab.report_sections import DEPLOYMENT, Section
+from reporting.sections import DEPLOYMENT, Section
+from reporting.sweep_charts import latency_vs_load as draw
 from sim.cost_model import AnalyticCostModel
-from sim.runners import LocalRunner
 from sim.scheduler import POLICIES
-from sim.sweep import CapacitySlo, SweepContext, SweepPoint, find_capacity, grid
-from sim.sweep_charts import latency_vs_load as draw
+from sweeps.grid import (
+    DEFAULT_QPS_SCALES,
+    CapacitySlo,
+    SweepContext,
+    SweepPoint,
+    capacity_records,
+    find_capacity,
+    grid,
+)
+from sweeps.runners import LocalRunner
 from workloads import Trace, load_bundled
 
-RATES = tuple(float(x) for x in DEFAULT_QPS_SCALES.split(","))
+RATES = DEFAULT_QPS_SCALES
 SMALL_POOL = 4000  # blocks: 64k tokens, a quarter of what 256 conv requests can hold
 SLO = CapacitySlo(ttft_p99_ms=2000.0, itl_p99_ms=200.0)
 RANGE = (0.25, 16.0)

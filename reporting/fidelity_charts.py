@@ -1,6 +1,5 @@
 """Charts of simulator fidelity: measured vs simulated CDFs and the signed error per metric.
 
-Reads finished runs and summaries; the scheduler core never imports this module.
 """
 
 from __future__ import annotations
@@ -8,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
+from calibration.validation import VALIDATED
 from sim.metrics import inter_token_latencies_ms, request_table
 from sim.simulation import RunResult
 
@@ -95,3 +96,14 @@ def write_fidelity_charts(results: dict, runs: dict[str, tuple[RunResult, RunRes
                           out_dir: Path, title: str) -> list[Path]:
     """Both fidelity charts; returns their paths."""
     return [cdf_overlay(runs, out_dir, title), error_bars(results, out_dir, title)]
+
+
+def write_validation(out_dir: Path, title: str, results: dict,
+                     runs: dict[str, tuple[RunResult, RunResult]]) -> list[Path]:
+    """validate --out: the error table as CSV and the fidelity charts; the charts' paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"policy": p, "metric": k, "measured": r["measured"].get(k),
+             "simulated": r["simulated"].get(k), "error": r["error"][k]}
+            for p, r in results.items() for k in VALIDATED]
+    pd.DataFrame(rows).to_csv(out_dir / "fidelity_errors.csv", index=False)
+    return write_fidelity_charts(results, runs, out_dir, title)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.charts import RunTables, write_charts
+from reporting.charts import RunTables, write_charts
 from sim.core import Request
 from sim.engine import Engine
 from sim.fixed_backend import ConstantBackend

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.charts import DPI
-from sim.sweep import CapacitySlo
+from reporting.charts import DPI
+from sweeps.grid import CapacitySlo
 
 _KEY = ["policy", "num_blocks", "token_budget", "max_num_seqs"]
 _POLICY_ORDER = {"static": 0, "continuous": 1, "recompute": 2, "chunked": 3}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim import report_charts
+from reporting import report_charts
 from sim.core import Request
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
@@ -70,11 +70,12 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
     threads = configure_cpu_threads(None)
     import torch
 
+    from calibration.fit import profile_backend
+    from calibration.interleave import measure_and_calibrate
+    from calibration.validation import compare
     from executor.backend import load_model
+    from executor.loading import DEFAULT_KV_CACHE_GIB, LoadedModel
     from executor.profile import GridProfile
-    from servelab.cmd_calibrate import profile_backend
-    from servelab.cmd_validate import compare, measure_and_calibrate
-    from servelab.model_args import DEFAULT_KV_CACHE_GIB, LoadedModel
 
     trace = load_bundled("azure-conv")
     trace = scale_qps(scale_lengths(head(trace, workload.max_requests), workload.length_scale),
@@ -109,8 +110,8 @@ def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -
 
 
 def fidelity(results: dict, runs: dict, workload: MeasuredWorkload, out: Path) -> Section:
-    from servelab.cmd_validate import overall
-    from sim.fidelity_charts import write_fidelity_charts
+    from calibration.validation import overall
+    from reporting.fidelity_charts import write_fidelity_charts
 
     paths = write_fidelity_charts(results, runs, out, workload.describe())
     summary = overall(results)

@@ -1,7 +1,7 @@
 """QPS sweeps and capacity search: the simulator over a grid of scheduler configurations.
 
 A sweep point is one (policy, rate, KV pool, token budget, slot count) run of a trace; its
-row is the run's summary. Points are independent, so a runner (sim.runners) may compute them
+row is the run's summary. Points are independent, so a runner (sweeps.runners) may compute them
 in any order on any worker: the simulation is deterministic and gives the same row anywhere.
 
 Capacity follows Sarathi-Serve: the largest rate whose p99 TTFT and p99 time between tokens
@@ -23,6 +23,10 @@ from sim.simulation import run_trace
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
+
+# The rate multipliers a sweep runs by default: where the conv trace goes from light load to
+# overload on the default deployment.
+DEFAULT_QPS_SCALES = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
 
 
 @dataclass(frozen=True)
@@ -179,3 +183,13 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
                             rate_rps=row["rate_rps"] if row is not None else 0.0,
                             bounded=s["bounded"], probes=s["probes"]))
     return out
+
+
+def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:
+    """One row per capacity found: the configuration, the rate it holds the SLO to, the SLO."""
+    return [{"policy": c.point.policy, "num_blocks": c.probes[0]["num_blocks"],
+             "token_budget": c.probes[0]["token_budget"], "max_num_seqs": c.point.max_num_seqs,
+             "capacity_qps_scale": c.qps_scale, "capacity_rate_rps": c.rate_rps,
+             "bounded": c.bounded, "probes": len(c.probes),
+             "slo_ttft_p99_ms": slo.ttft_p99_ms, "slo_itl_p99_ms": slo.itl_p99_ms}
+            for c in capacities]

@@ -5,14 +5,14 @@ Reads finished result tables only; draws on `matplotlib.figure.Figure` (no pyplo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
+
+from sim.policy_runs import RunTables
 
 CDF_BINS = 2000  # log-spaced bins per CDF curve: O(n) for millions of ITLs
 TIMELINE_BINS = 2000  # time bins of the timeline: bounds points per line
@@ -26,17 +26,6 @@ _LATENCY_BARS = (
     ("median_itl_ms", "ITL p50"),
     ("p99_itl_ms", "ITL p99"),
 )
-
-
-@dataclass(frozen=True)
-class RunTables:
-    """One policy's results, as the charts read them."""
-
-    summary: dict  # sim.metrics.summarize() output
-    requests: pd.DataFrame  # sim.metrics.request_table()
-    steps: pd.DataFrame  # sim.metrics.step_table(), STEP_COLUMNS
-    itl_ms: np.ndarray  # sim.metrics.inter_token_latencies_ms(), shape [num_gaps]
-    num_blocks: int  # KV pool size, turns kv_blocks_used into a fraction
 
 
 def write_charts(runs: dict[str, RunTables], out_dir: Path, title: str) -> list[Path]:

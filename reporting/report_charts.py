@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from sim.charts import DPI
+from reporting.charts import DPI
 from sim.engine import STEP_COLUMNS
 from sim.simulation import RunResult
 

@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from tqdm import tqdm
 
-from sim.sweep import SweepContext, SweepPoint, run_point
+from sweeps.grid import SweepContext, SweepPoint, run_point
 
 _CONTEXT: SweepContext | None = None  # a pool worker's copy, set by its initializer
 

@@ -1,0 +1,1 @@
+"""Tables, charts and the report: everything that reads results and draws them."""
