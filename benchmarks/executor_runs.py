@@ -33,7 +33,7 @@ def ours_continuous(model: Transformer, prompts: list[list[int]], outputs: list[
     start = time.perf_counter()
     result = run_trace(requests, engine)
     wall = time.perf_counter() - start
-    peak = max(step[2] for step in result.steps)
+    peak = max(step.batch_size for step in result.steps)
     return {r.request_id: r.output_token_ids for r in requests}, wall, peak
 
 

@@ -58,7 +58,8 @@ def offline(model, prompts: list[list[int]], outputs: list[int], policy: str):
     for request in requests:
         engine.add(request)
     while scheduler.has_unfinished:
-        plan, result = engine.plan(time.perf_counter() - start)
+        plan = engine.schedule(time.perf_counter() - start)
+        result = engine.execute(plan)
         engine.finish_step(plan, result, time.perf_counter() - start - result.duration_s)
     wall_s = time.perf_counter() - start
     return sum(outputs) / wall_s, [r.output_token_ids for r in requests]

@@ -49,7 +49,7 @@ def us_per_step(n: int, policy: str) -> tuple[float, float, int]:
     start = time.perf_counter()
     result = run_trace(requests, engine)
     elapsed = time.perf_counter() - start
-    rows = sum(step[2] for step in result.steps)
+    rows = sum(step.batch_size for step in result.steps)
     return elapsed / len(result.steps) * 1e6, elapsed / rows * 1e6, len(result.steps)
 
 

@@ -1,4 +1,4 @@
-"""Charts of a run per policy (DESIGN.md section 11, `--out DIR`): TTFT and ITL CDFs,
+"""Charts of a run per policy (`--out DIR`): TTFT and ITL CDFs,
 throughput and latency bars, and a timeline of batch size, queue, KV usage and step time.
 Reads finished result tables only; draws on `matplotlib.figure.Figure` (no pyplot state).
 """

@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from reporting.charts import DPI
-from sim.engine import STEP_COLUMNS
+from sim.engine import StepRecord
 from sim.simulation import RunResult
 
 # (summary key, panel title, unit, scale) of the static-vs-continuous panels.
@@ -77,8 +77,8 @@ def token_gaps(runs: dict[str, RunResult], watch: list[str], long_id: str, findi
 
 
 def _steps(run: RunResult) -> dict[str, np.ndarray]:
-    table = np.asarray(run.steps, dtype=float).reshape(-1, len(STEP_COLUMNS))
-    return {name: table[:, i] for i, name in enumerate(STEP_COLUMNS)}
+    table = np.asarray(run.steps, dtype=float).reshape(-1, len(StepRecord._fields))
+    return {name: table[:, i] for i, name in enumerate(StepRecord._fields)}
 
 
 def starvation(runs: dict[str, dict[str, RunResult]], summaries: dict[str, dict[str, dict]],

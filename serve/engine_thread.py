@@ -2,9 +2,10 @@
 
 HTTP handlers never touch the scheduler: `submit` and `abort` put operations in an inbox (a
 deque under a Condition) that the thread drains at the top of every iteration, then it runs
-one step: engine.plan(now) -> finish_step -> hand the new tokens to each request's TokenSink
-(serve/handoff.py). With nothing to do it sleeps on the Condition until a submission arrives.
-A step whose backend raises fails the requests in it (FinishReason.FAILED); serving goes on.
+one step: engine.schedule(now) -> execute -> finish_step -> hand the new tokens to each
+request's TokenSink (serve/handoff.py). With nothing to do it sleeps on the Condition until
+a submission arrives. A step whose backend raises fails the requests in it
+(FinishReason.FAILED); serving goes on.
 """
 
 from __future__ import annotations
@@ -214,10 +215,10 @@ class EngineThread:
         """One engine step; False when there was nothing to do."""
         self._backend.plan = None
         try:
-            stepped = self.engine.plan(self.clock.now())
-            if stepped is None:
+            plan = self.engine.schedule(self.clock.now())
+            if plan is None:
                 return False
-            plan, result = stepped
+            result = self.engine.execute(plan)
             end_s = self.clock.now()
             # Stamp tokens when they became available: the step ends now, not at the
             # start plus the backend's measured part (scheduling took time too).

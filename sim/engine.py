@@ -6,24 +6,27 @@ The simulator, the measured run and the HTTP server differ only in how they tell
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sim.core import Backend, BatchPlan, Request, StepResult
 from sim.scheduler import Scheduler
 
-# Columns of one per-step record (see Engine.finish_step), in order.
-STEP_COLUMNS = (
-    "start_s",  # when the step began
-    "duration_s",  # how long it took (predicted or measured)
-    "batch_size",  # rows in the forward, padding included
-    "num_tokens",  # tokens computed, padding included
-    "prefill_tokens",  # prompt/recompute chunk tokens
-    "decode_seqs",  # one-token rows, padding included
-    "padding_rows",  # static batching: finished rows still computed
-    "kv_blocks_used",  # after the step's retirements
-    "num_waiting",  # queue length after the step
-    "num_running",  # running requests after the step
-    "num_preempted",  # evictions decided for this step
-)
+
+class StepRecord(NamedTuple):
+    """One executed step, as the per-step table and the timeline chart read it."""
+
+    start_s: float  # when the step began
+    duration_s: float  # how long it took (predicted or measured)
+    batch_size: int  # rows in the forward, padding included
+    num_tokens: int  # tokens computed, padding included
+    prefill_tokens: int  # prompt/recompute chunk tokens
+    decode_seqs: int  # one-token rows, padding included
+    padding_rows: int  # static batching: finished rows still computed
+    kv_blocks_used: int  # after the step's retirements
+    num_waiting: int  # queue length after the step
+    num_running: int  # running requests after the step
+    num_preempted: int  # evictions decided for this step
+
 
 
 @dataclass
@@ -32,18 +35,22 @@ class Engine:
 
     scheduler: Scheduler
     backend: Backend
-    steps: list[tuple] = field(default_factory=list)  # rows in STEP_COLUMNS order
+    steps: list[StepRecord] = field(default_factory=list)
 
     def add(self, request: Request) -> bool:
         """Queue a request; False if it was rejected (it can never fit)."""
         return self.scheduler.add(request)
 
-    def plan(self, now: float) -> tuple[BatchPlan, StepResult] | None:
-        """Schedule and execute one step starting at `now`; None when there is nothing to do."""
+    def schedule(self, now: float) -> BatchPlan | None:
+        """The next step's plan, scheduled at `now`; None when there is nothing to run."""
         plan = self.scheduler.schedule(now)
         if not plan.requests and not plan.padding:  # plan.is_empty, inlined: once per step
             return None
-        return plan, self.backend.execute(plan)
+        return plan
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        """Run (or price) the plan on the backend."""
+        return self.backend.execute(plan)
 
     def finish_step(self, plan: BatchPlan, result: StepResult, start_s: float) -> list[Request]:
         """Apply a step that ended at start_s + duration: tokens, retirements, a record."""
@@ -53,7 +60,7 @@ class Engine:
         for request in finished:
             self.backend.free(request)
         padding = len(plan.padding)  # (the plan's properties, inlined: once per step)
-        self.steps.append((
+        self.steps.append(StepRecord(
             start_s, result.duration_s, len(plan.requests) + padding,
             plan.prefill_tokens + plan.decode_seqs, plan.prefill_tokens, plan.decode_seqs,
             padding, scheduler.block_manager.num_used_blocks, len(scheduler.waiting),

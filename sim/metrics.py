@@ -1,4 +1,4 @@
-"""Metrics of DESIGN.md section 9: per-request and per-step tables and the summary.
+"""Metrics: per-request and per-step tables and the summary.
 
 TTFT = first token - arrival (queue wait included); ITL = gaps between consecutive tokens
 of one request; TPOT = (finish - first token) / (output tokens - 1); E2EL = finish - arrival.
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sim.core import FinishReason, Request
-from sim.engine import STEP_COLUMNS
+from sim.engine import StepRecord
 from sim.simulation import RunResult
 
 PERCENTILES = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
@@ -64,8 +64,8 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
 
 
 def step_table(steps: list[tuple]) -> pd.DataFrame:
-    """One row per engine step (STEP_COLUMNS)."""
-    return pd.DataFrame.from_records(steps, columns=list(STEP_COLUMNS))
+    """One row per engine step (the fields of StepRecord)."""
+    return pd.DataFrame.from_records(steps, columns=list(StepRecord._fields))
 
 
 def inter_token_latencies_ms(requests: list[Request]) -> np.ndarray:
@@ -96,7 +96,7 @@ def _stats(name: str, values: np.ndarray, out: dict) -> None:
 
 
 def summarize(result: RunResult, slo: Slo | None = None) -> dict:
-    """The summary dict: vllm-bench keys plus scheduler health (section 9)."""
+    """The summary dict: vllm-bench keys plus scheduler health."""
     table = request_table(result.requests)
     done = table[table["finish_reason"].isin([f.value for f in _DONE])]
     rejected = int((table["finish_reason"] == FinishReason.REJECTED.value).sum())
@@ -135,11 +135,11 @@ def _step_summary(result: RunResult) -> dict:
     if not result.steps:
         return {"preemptions": result.num_preemptions, "num_steps": 0, "mean_batch_size": 0.0,
                 "max_batch_size": 0, "mean_kv_usage": 0.0, "slot_utilization": 0.0}
-    width = len(STEP_COLUMNS)
+    width = len(StepRecord._fields)
     flat = np.fromiter(itertools.chain.from_iterable(result.steps), dtype=float,
                        count=width * len(result.steps))
     steps = flat.reshape(-1, width)
-    col = {name: i for i, name in enumerate(STEP_COLUMNS)}
+    col = {name: i for i, name in enumerate(StepRecord._fields)}
     duration = steps[:, col["duration_s"]]
     batch = steps[:, col["batch_size"]]
     busy_s = duration.sum()

@@ -28,7 +28,7 @@ class RunTables:
 
     summary: dict  # sim.metrics.summarize() output
     requests: pd.DataFrame  # sim.metrics.request_table()
-    steps: pd.DataFrame  # sim.metrics.step_table(), STEP_COLUMNS
+    steps: pd.DataFrame  # sim.metrics.step_table(): the fields of StepRecord
     itl_ms: np.ndarray  # sim.metrics.inter_token_latencies_ms(), shape [num_gaps]
     num_blocks: int  # KV pool size, turns kv_blocks_used into a fraction
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import simpy
 
 from sim.core import Request
-from sim.engine import Engine
+from sim.engine import Engine, StepRecord
 
 
 class StalledError(RuntimeError):
@@ -25,7 +25,7 @@ class RunResult:
     """Every request (finished, rejected or not) and the engine's per-step records."""
 
     requests: list[Request]
-    steps: list[tuple]
+    steps: list[StepRecord]
     num_preemptions: int
     num_blocks: int
     max_num_seqs: int
@@ -41,54 +41,9 @@ def run_trace(
     on_step, if given, is called after every step with the time and the finished requests.
     """
     env = simpy.Environment()
-    wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
-    arrived = [0]
-    num_requests = len(requests)
-
-    def arrivals():
-        for request in requests:
-            delay = request.arrival_s - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-            engine.add(request)
-            arrived[0] += 1
-            if wake:
-                wake.pop().succeed()
-
-    def stepping():
-        scheduler = engine.scheduler
-        now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
-        while True:
-            stepped = engine.plan(now)
-            if stepped is None:
-                if now > env.now:  # catch SimPy up before sleeping
-                    yield env.timeout(now - env.now)
-                    continue
-                if arrived[0] == num_requests and not scheduler.has_unfinished:
-                    return
-                if scheduler.has_unfinished and not scheduler.running:
-                    raise StalledError(
-                        f"t={now:.3f}s: {len(scheduler.waiting)} waiting, none admissible"
-                    )
-                wake.append(env.event())
-                yield wake[-1]
-                now = env.now
-                continue
-            plan, result = stepped
-            end_s = now + result.duration_s
-            # Only an arrival changes what the scheduler decides next, so steps run back
-            # to back without a SimPy event each until one lands within a step; then SimPy
-            # delivers it (and any before it) first, as if every step had been an event.
-            if arrived[0] < num_requests and requests[arrived[0]].arrival_s <= end_s:
-                yield env.timeout(max(0.0, end_s - env.now))
-            finished = engine.finish_step(plan, result, now)
-            now = end_s
-            if on_step is not None:
-                on_step(now, finished)
-
-    env.process(arrivals())
-    done = env.process(stepping())
-    env.run(until=done)
+    replay = _Replay(env, requests, engine, on_step)
+    env.process(replay.arrivals())
+    env.run(until=env.process(replay.stepping()))
     scheduler = engine.scheduler
     return RunResult(
         requests=list(requests),
@@ -97,3 +52,58 @@ def run_trace(
         num_blocks=scheduler.config.num_blocks,
         max_num_seqs=scheduler.config.max_num_seqs,
     )
+
+
+class _Replay:
+    """The two SimPy processes of one replay: arrivals release requests at their times, and
+    the engine steps while it has work, sleeping on an arrival event when it has none."""
+
+    def __init__(self, env: simpy.Environment, requests: Sequence[Request], engine: Engine,
+                 on_step: Callable[[float, list[Request]], None] | None) -> None:
+        self.env, self.requests, self.engine, self.on_step = env, requests, engine, on_step
+        self.wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
+        self.arrived = 0
+
+    def arrivals(self):
+        env = self.env
+        for request in self.requests:
+            delay = request.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            self.engine.add(request)
+            self.arrived += 1
+            if self.wake:
+                self.wake.pop().succeed()
+
+    def stepping(self):
+        env, engine, requests = self.env, self.engine, self.requests
+        scheduler = engine.scheduler
+        num_requests = len(requests)
+        now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
+        while True:
+            plan = engine.schedule(now)
+            if plan is None:
+                if now > env.now:  # catch SimPy up before sleeping
+                    yield env.timeout(now - env.now)
+                    continue
+                if self.arrived == num_requests and not scheduler.has_unfinished:
+                    return
+                if scheduler.has_unfinished and not scheduler.running:
+                    raise StalledError(
+                        f"t={now:.3f}s: {len(scheduler.waiting)} waiting, none admissible"
+                    )
+                self.wake.append(env.event())
+                yield self.wake[-1]
+                now = env.now
+                continue
+            result = engine.execute(plan)
+            end_s = now + result.duration_s
+            # Only an arrival changes what the scheduler decides next, so steps run back
+            # to back without a SimPy event each until one lands within a step; then SimPy
+            # delivers it (and any before it) first, as if every step had been an event.
+            if self.arrived < num_requests and requests[self.arrived].arrival_s <= end_s:
+                yield env.timeout(max(0.0, end_s - env.now))
+            finished = engine.finish_step(plan, result, now)
+            now = end_s
+            if self.on_step is not None:
+                self.on_step(now, finished)

@@ -129,6 +129,6 @@ def test_a_measured_run_logs_every_step_it_timed(tiny_model):
     run = measured_run(requests, SchedulerConfig("static", num_blocks=64, max_num_seqs=4),
                        tiny_model, step_log=log)
     assert len(log) == len(run.steps) > 0
-    assert [seconds for _, seconds in log] == [row[1] for row in run.steps]
-    assert [plan.prefill_tokens for plan, _ in log] == [row[4] for row in run.steps]
+    assert [seconds for _, seconds in log] == [step.duration_s for step in run.steps]
+    assert [plan.prefill_tokens for plan, _ in log] == [step.prefill_tokens for step in run.steps]
     assert any(plan.padding for plan, _ in log)  # static batches' finished rows

@@ -58,7 +58,8 @@ def offline_outputs(model, bodies: list[dict], config: SchedulerConfig) -> list[
     for request in requests:
         assert engine.add(request)
     while scheduler.has_unfinished:
-        plan, result = engine.plan(0.0)
+        plan = engine.schedule(0.0)
+        result = engine.execute(plan)
         engine.finish_step(plan, result, 0.0)
     assert all(r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP) for r in requests)
     return [r.output_token_ids for r in requests]
