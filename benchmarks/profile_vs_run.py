@@ -41,6 +41,7 @@ from executor.profile import (  # noqa: E402
     ProfilePoint,
     point_prompts,
     profile_grid,
+    row_knots,
     run_point,
 )
 from executor.prompts import attach_prompt_tokens  # noqa: E402
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if profile is not None:
         profile.use(None)  # the run is over: the rest of the grid at home, as validate does
         profile.finish()
-        fit = fit_profile(profile.plans, profile.times)
+        fit = fit_profile(profile.plans, profile.times, row_knots=row_knots(separate))
         print(f"grid: {len(profile.rounds)} rounds interleaved, {profile.borrowed} of "
               f"{profile.times.size} timings on the run's backend; {fit.describe()}")
 

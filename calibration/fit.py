@@ -4,7 +4,6 @@ and the error on shapes the fit did not see."""
 from __future__ import annotations
 
 import datetime
-import math
 import platform
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,15 +12,17 @@ import numpy as np
 
 from executor.loading import LoadedModel, cpu_model
 from sim.calibrated import (
-    KNEE_CANDIDATES,
     CalibratedCostModel,
+    feature_names,
     fit_coefficients,
     plan_features,
     step_jitter,
 )
 from sim.scheduler import SchedulerConfig
 
-HOLDOUT_EVERY = 4  # every 4th profiled shape is held out to measure the fit on unseen steps
+# Every shape's held-out error comes from a fit that did not see it: the grid is split into
+# this many folds (every n-th shape), each predicted by a fit to the others.
+HOLDOUT_FOLDS = 4
 
 
 def relative_errors(model: CalibratedCostModel, features: np.ndarray,
@@ -31,17 +32,17 @@ def relative_errors(model: CalibratedCostModel, features: np.ndarray,
     return np.abs(predicted - durations_s) / durations_s
 
 
-def choose_knee(plans: list, durations_s: np.ndarray, fit: np.ndarray) -> float:
-    """The KV knee (KNEE_CANDIDATES) whose fit on the `fit` shapes has the least median
-    relative error; infinite when no knee beats a model without one."""
-    best, best_err = math.inf, math.inf
-    for knee in KNEE_CANDIDATES:
-        features = np.asarray([plan_features(plan, knee) for plan in plans])[fit]
-        model = CalibratedCostModel(tuple(fit_coefficients(features, durations_s[fit])), knee)
-        err = float(np.median(relative_errors(model, features, durations_s[fit])))
-        if err < best_err - 1e-9:
-            best, best_err = knee, err
-    return best
+def feature_matrix(plans: list, row_knots: tuple[int, ...] = (),
+                   without: frozenset[str] = frozenset()) -> np.ndarray:
+    """[plans, feature_names(row_knots)]; the columns named in `without` are zero, so a fit
+    leaves those features out."""
+    names = feature_names(row_knots)
+    unknown = without - set(names)
+    if unknown:
+        raise ValueError(f"no such cost-model features: {', '.join(sorted(unknown))}")
+    features = np.asarray([plan_features(plan, row_knots) for plan in plans], dtype=float)
+    features[:, [i for i, name in enumerate(names) if name in without]] = 0.0
+    return features
 
 
 @dataclass(frozen=True)
@@ -60,37 +61,44 @@ class Fit:
                                   "max": float(held.max())}}
 
     def describe(self) -> str:
-        knee = self.model.knee_tokens
         model = self.model
         spread = (f"runs spread p10 {model.jitter_at(0.1):.2f} .. p90 {model.jitter_at(0.9):.2f}"
                   f" of their shape's median" if model.jitter
                   else "no step jitter (one timed round)")
         return "\n".join([
-            f"decode KV knee: {'none' if math.isinf(knee) else f'{knee:.0f} tokens'}; {spread}",
+            f"row knots: {', '.join(map(str, model.row_knots)) or 'none'}; {spread}",
             f"fit error (all shapes): median {np.median(self.fit_error):.1%}, "
             f"max {self.fit_error.max():.1%}",
             f"held-out shapes ({len(self.held_error)}): median {np.median(self.held_error):.1%}"
             f", p90 {np.percentile(self.held_error, 90):.1%}, max {self.held_error.max():.1%}"])
 
 
-def fit_profile(plans: list, times_s: np.ndarray, speeds: np.ndarray | None = None) -> Fit:
-    """Fit the cost model to profiled rounds ([rounds, shapes] seconds): coefficients and
-    knee on each shape's median, every HOLDOUT_EVERY-th shape held out for a trial fit, and
-    the step jitter from the rounds' spread (when there are two or more). speeds, if given
-    ([rounds, shapes], executor.profile.relative_speeds), is the machine's slowness at each
-    timing: the jitter is then the spread left once each timing is divided by it."""
+def fit_profile(plans: list, times_s: np.ndarray, speeds: np.ndarray | None = None,
+                row_knots: tuple[int, ...] = (), without: frozenset[str] = frozenset()) -> Fit:
+    """Fit the cost model to profiled rounds ([rounds, shapes] seconds): the coefficients
+    (fixed costs at row_knots too) on each shape's median, the held-out error of every shape
+    from a fit without its fold (HOLDOUT_FOLDS), and the step jitter from the rounds' spread
+    (two rounds or more).
+    speeds, if given ([rounds, shapes], executor.profile.relative_speeds), is the machine's
+    slowness at each timing: the jitter is then the spread left once each timing is divided
+    by it. `without` names features to leave out."""
     times_s = np.asarray(times_s, dtype=float)
     steady = times_s if speeds is None else times_s / np.asarray(speeds, dtype=float)
     durations = np.median(times_s, axis=0)
-    held = np.arange(len(plans)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
-    knee = choose_knee(plans, durations, ~held)  # on the fitted shapes only
-    features = np.asarray([plan_features(plan, knee) for plan in plans])
-    trial = CalibratedCostModel(tuple(fit_coefficients(features[~held], durations[~held])),
-                                knee)
-    final = CalibratedCostModel(tuple(fit_coefficients(features, durations)), knee,
-                                step_jitter(steady) if len(times_s) >= 2 else ())
-    return Fit(final, relative_errors(final, features, durations),
-               relative_errors(trial, features[held], durations[held]))
+    features = feature_matrix(plans, row_knots, without)
+
+    def fitted(seen: np.ndarray) -> CalibratedCostModel:
+        coefficients = fit_coefficients(features[seen], durations[seen])
+        return CalibratedCostModel(tuple(coefficients), row_knots)
+
+    held_error = np.empty(len(plans))
+    for fold in range(HOLDOUT_FOLDS):
+        held = np.arange(len(plans)) % HOLDOUT_FOLDS == fold
+        trial = fitted(~held)
+        held_error[held] = relative_errors(trial, features[held], durations[held])
+    model = fitted(np.ones(len(plans), dtype=bool))
+    final = replace(model, jitter=step_jitter(steady) if len(times_s) >= 2 else ())
+    return Fit(final, relative_errors(final, features, durations), held_error)
 
 
 def profile_backend(loaded, block_size: int, kv_cache_gib: float,

@@ -6,46 +6,39 @@ from __future__ import annotations
 import time
 
 from calibration.fit import Fit, fit_profile
-from calibration.validation import RunSpeed, measure_runs
+from calibration.validation import measure_runs
 from sim.scheduler import SchedulerConfig
 from sim.simulation import RunResult
 from workloads.trace import Trace
 
 # validate --calibrate keeps the profile grid's time near this share of the measured runs'.
 GRID_SHARE = 1.0
-# The grid's timings during a run are grouped in windows of this much of the run's clock,
-# each the machine's speed then, if it holds SPEED_WINDOW_MIN timings (else the run's). A
-# shared machine's speed moves within a run too, by more than over whole runs (docs/fidelity.md).
-SPEED_WINDOW_S = 5.0
-SPEED_WINDOW_MIN = 20
 
 
 class Interleaved:
     """Times the profile grid (an executor.profile.GridProfile) a shape at a time between a
     measured run's steps, keeping the grid's time near `share` x the runs' time, so the
     calibration samples the machine at the moments the runs do (a shared machine's speed
-    drifts by 10-30% over minutes; timed inside a run, a shape costs what the run's own step
-    of that shape does: benchmarks/profile_vs_run.py), on the run's own backend where the
-    shape fits in its free KV blocks (`use_backend`). A run's clock advances by its own
+    drifts over minutes; timed inside a run, a shape costs what the run's own step of that
+    shape does: benchmarks/profile_vs_run.py), on the run's own backend where the shape fits
+    in its free KV blocks (`use_backend`). A run's clock advances by its own
     steps alone (measured_run), so the shapes in between change none of its metrics."""
 
     def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
         self.profile, self.share, self.then = profile, share, on_step
-        self.run: tuple | None = None
         self.run_s = self.grid_s = 0.0
         self._mark = time.perf_counter()
 
     def start_run(self, *run) -> None:
-        """Call before each run (naming it: the grid's timings are tagged with it and the
-        SPEED_WINDOW_S window of its clock they fell in until the next): the time since the
-        last step was not the runs'."""
-        self.run = run or None
-        self.profile.tag = (*run, 0.0) if run else None
+        """Call before each run, naming it (the grid's timings are tagged with it until the
+        next): the time since the last step was not the runs'."""
+        self.profile.tag = run or None
         self._mark = time.perf_counter()
 
     def use_backend(self, backend) -> None:
-        """Time shapes on the run's backend (measure_runs' on_backend): in a second KV
-        pool, code's static steps took 2.6% longer than in the run's (profile_vs_run.py)."""
+        """Time shapes on the run's backend (measure_runs' on_backend): the run's own KV
+        pool and buffers, where a second pool's would cost a few percent more
+        (profile_vs_run.py --separate)."""
         self.profile.use(backend)
 
     def on_step(self, now: float, done: list) -> None:
@@ -54,8 +47,6 @@ class Interleaved:
         if self.then is not None:
             self.then(now, done)
         self.run_s += time.perf_counter() - self._mark
-        if self.run is not None:
-            self.profile.tag = (*self.run, SPEED_WINDOW_S * (now // SPEED_WINDOW_S))
         while self.grid_s < self.share * self.run_s:
             start = time.perf_counter()
             self.profile.run_next()
@@ -63,17 +54,18 @@ class Interleaved:
         self._mark = time.perf_counter()
 
 
-def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
-                          seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
-                          step_logs: dict[str, list] | None = None
-                          ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[RunSpeed]]]:
+def measure_interleaved(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
+                        seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
+                        step_logs: dict[str, list] | None = None
+                        ) -> tuple[dict[str, list[RunResult]], dict[str, list[float]],
+                                   list[list[float]]]:
     """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
-    session: a warm-up round, then shapes between the runs' steps (Interleaved), the last
-    round completed after them (two rounds at least, for the step jitter). Returns the runs,
-    the cost model fitted to those rounds, and per policy each run's RunSpeed: how slow the
-    machine ran the grid's shapes during that run and each window of it (relative_speeds,
-    window_speeds; 1 for a run too short to time one). on_run: after each warm-up shape."""
-    from executor.profile import relative_speeds, window_speeds
+    sitting: a warm-up round, then shapes between the runs' steps (Interleaved), the last
+    round completed after them (two rounds at least, for the step jitter). Returns the runs;
+    per policy how slow the machine ran the grid's shapes during each run (relative_speeds;
+    1 for a run too short to time one); and the slowness in force at each of the grid's
+    timings ([rounds, shapes]). on_run: after each warm-up shape."""
+    from executor.profile import relative_speeds
 
     profile.run_round(timed=False, on_run=on_run)
     mixed = Interleaved(profile, on_step=on_step)
@@ -83,12 +75,22 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
     profile.use(None)
     profile.finish()
     tags = profile.round_tags
-    by_tag = window_speeds(profile.times, tags, SPEED_WINDOW_MIN)
-    slowness = [[by_tag[tag] for tag in row] for row in tags]
-    by_run = relative_speeds(profile.times, [[tag and tag[:-1] for tag in row] for row in tags])
-    speeds = {policy: [RunSpeed(by_run.get((policy, k), 1.0),
-                                tuple(sorted((tag[-1], speed) for tag, speed in by_tag.items()
-                                             if tag and tag[:-1] == (policy, k))) or ((0.0, 1.0),))
-                       for k in range(len(runs))]
+    by_run = relative_speeds(profile.times, tags)
+    slowness = [[by_run[tag] for tag in row] for row in tags]
+    speeds = {policy: [by_run.get((policy, k), 1.0) for k in range(len(runs))]
               for policy, runs in measured.items()}
-    return measured, fit_profile(profile.plans, profile.times, slowness), speeds
+    return measured, speeds, slowness
+
+
+def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
+                          seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
+                          step_logs: dict[str, list] | None = None
+                          ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[float]]]:
+    """measure_interleaved, and the cost model fitted to the grid's rounds: the runs, the
+    fit and each run's speed."""
+    measured, speeds, slowness = measure_interleaved(trace, configs, model, profile, seed,
+                                                     on_step, on_run, repeats, step_logs)
+    from executor.profile import row_knots
+
+    fit = fit_profile(profile.plans, profile.times, slowness, row_knots(profile.home))
+    return measured, fit, speeds

@@ -6,11 +6,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import NamedTuple
 
 import numpy as np
 
-from sim.calibrated import CalibratedCostModel, Drift, speed_at
+from sim.calibrated import CalibratedCostModel
 from sim.core import BatchPlan
 from sim.engine import Engine
 from sim.metrics import summarize
@@ -32,19 +31,6 @@ def overall(results: dict) -> dict:
     return {"median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
             "median_spread": statistics.median(spreads) if spreads else None}
-
-
-class RunSpeed(NamedTuple):
-    """How slow the machine ran during one measured run: over all of it (the median of the
-    grid's timings then, over their shapes' medians) and window by window (Drift)."""
-
-    overall: float
-    windows: Drift
-
-    @classmethod
-    def steady(cls, factor: float) -> RunSpeed:
-        """The same speed throughout."""
-        return cls(factor, ((0.0, factor),))
 
 
 def signed_errors(measured: dict, simulated: dict) -> dict:
@@ -85,40 +71,39 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
 def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel,
             step_logs: dict[str, list] | None = None,
-            speeds: dict[str, list[RunSpeed]] | None = None
+            speeds: dict[str, list[float]] | None = None
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
     summaries (each metric's median over the measured runs, and over SIMULATIONS_PER_RUN
     times as many simulated ones when the cost model has step jitter), the signed errors
     and the measured runs' `spread` ((max - min) / median: how far the machine moves one
     measurement), with step_logs (measure_runs) its `steps` (in_run_step_error); and the
-    (first measured, first simulated) runs. speeds (measure_and_calibrate), if given, is
-    how slow the machine ran during each measured run, window by window: that run's
-    simulations scale each step by the speed in force when it was scheduled, and its steps
-    are priced at it (kept as each policy's `speeds` and `speed_windows`)."""
+    (first measured, first simulated) runs. speeds (measure_interleaved), if given, is how
+    slow the machine ran during each measured run: that run's simulations and its steps'
+    prices are scaled by it (kept as each policy's `speeds`)."""
     results, runs = {}, {}
     per_run = SIMULATIONS_PER_RUN if cost_model.jitter else 1
     for policy, config in configs.items():
         # SIMULATIONS_PER_RUN simulated runs per measured one (each a different jitter seed:
         # another equally likely run), medians compared with medians: the prediction of a
         # median, without a few jitter draws' own noise added to the machine's.
-        run_speeds = (speeds or {}).get(policy) or [RunSpeed.steady(1.0)] * len(measured[policy])
+        run_speeds = (speeds or {}).get(policy) or [1.0] * len(measured[policy])
         varied = cost_model.jitter or len(set(run_speeds)) > 1
         count = len(run_speeds) * per_run if varied else 1
         simulations = [run_trace(requests_from_trace(trace), Engine(Scheduler(config), replace(
-                           cost_model.drifting(run_speeds[k // per_run].windows), jitter_seed=k)))
+                           cost_model.scaled(run_speeds[k // per_run]), jitter_seed=k)))
                        for k in range(count)]
         m, spread = median_summary([summarize(run) for run in measured[policy]])
         s, _ = median_summary([summarize(run) for run in simulations])
         results[policy] = {"measured": m, "simulated": s, "error": signed_errors(m, s),
                            "spread": spread}
         if speeds is not None:
-            results[policy]["speeds"] = [speed.overall for speed in run_speeds]
-            results[policy]["speed_windows"] = [[list(w) for w in speed.windows]
-                                                for speed in run_speeds]
+            results[policy]["speeds"] = list(run_speeds)
+            # One speed per run, from the run's start (kept in the window form it had).
+            results[policy]["speed_windows"] = [[[0.0, speed]] for speed in run_speeds]
         if step_logs and step_logs.get(policy):
             # Each run's steps at the machine's speed then: seconds / speed vs the model.
-            steady = [(plan, seconds / speed_at(speed.windows, plan.scheduled_s))
+            steady = [(plan, seconds / speed)
                       for log, speed in zip(step_logs[policy], run_speeds, strict=True)
                       for plan, seconds in log]
             results[policy]["steps"] = in_run_step_error(cost_model, steady)

@@ -22,7 +22,20 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "kernels.cpp"
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for uses torch's threads
+# The GEMM's row tiling, passed to kernels.cpp as -D flags. Up to SMALL_ROWS rows it streams
+# every weight whole once per tile of MICRO_ROWS rows; past that it blocks the reduction and
+# packs BLOCK_ROWS rows at a time. A decode step's time therefore climbs in steps with its
+# rows, and the cost model's row knots sit where the slope changes.
+GEMM_MICRO_ROWS = 6
+GEMM_SMALL_ROWS = 2 * GEMM_MICRO_ROWS
+GEMM_BLOCK_ROWS = 144
+# Knots inside the first tile (1, 2, 4), at both sides of each tile edge, at the block size.
+ROW_KNOTS = (1, 2, 4, GEMM_MICRO_ROWS, GEMM_MICRO_ROWS + 1, GEMM_SMALL_ROWS,
+             GEMM_SMALL_ROWS + 1, GEMM_BLOCK_ROWS)
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp",  # OpenMP: at::parallel_for uses torch's threads
+         f"-DSERVELAB_GEMM_MICRO_ROWS={GEMM_MICRO_ROWS}",
+         f"-DSERVELAB_GEMM_SMALL_ROWS={GEMM_SMALL_ROWS}",
+         f"-DSERVELAB_GEMM_BLOCK_ROWS={GEMM_BLOCK_ROWS}"]
 ENV = "SERVELAB_NATIVE"
 
 _state: dict[str, object] = {"loaded": None, "tried": False, "enabled": True}

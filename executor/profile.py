@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor.backend import ModelBackend
+from executor.native import ROW_KNOTS
 from sim.block_manager import BlockManager
-from sim.calibrated import DECODE_ROW_KNOTS
 from sim.core import BatchPlan, Request
 from sim.plan import add_padding, add_to_plan
 
@@ -62,6 +62,12 @@ class ProfilePoint:
         return sum(block_manager.blocks_for(length) for length in lengths)
 
 
+def row_knots(backend: ModelBackend) -> tuple[int, ...]:
+    """The cost model's row knots for steps on this backend: the native GEMM's (ROW_KNOTS),
+    none on the torch path, whose tiling is oneDNN's own."""
+    return ROW_KNOTS if backend.model.native else ()
+
+
 def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) -> list[ProfilePoint]:
     """The profiled shapes, capped by the model length and the KV pool."""
     chunks = (8, 32, 128, 512) if quick else (4, 16, 64, 128, 256, 512, 1024)
@@ -70,8 +76,8 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     lengths = (64, 1024) if quick else (32, 256, 1024, 1792)
     points = [ProfilePoint("prefill", ((c, n),)) for n in chunks for c in contexts]
     points += [ProfilePoint("prefill", tuple((0, n) for _ in range(4))) for n in chunks[:-1]]
-    # Decodes at every row count the cost model has a knot at, as well (DECODE_ROW_KNOTS).
-    for b in sorted(set(batches) | set(DECODE_ROW_KNOTS)):
+    # Decodes at every row count the cost model has a knot at, as well (ROW_KNOTS).
+    for b in sorted(set(batches) | set(ROW_KNOTS)):
         for length in lengths:
             points.append(ProfilePoint("decode", tuple((length, 1) for _ in range(b))))
             # Spread: one long context among short ones (a padded kernel pays for the long one).
@@ -91,7 +97,7 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     # And at every knot of live rows, under 12 and 48 rows in all: the lm_head's cost climbs
     # its own staircase in the rows with logits, apart from the layers' in computed rows.
     for b in (12, 48):
-        points += [_static(live, b - live, lengths[1]) for live in DECODE_ROW_KNOTS if live < b]
+        points += [_static(live, b - live, lengths[1]) for live in ROW_KNOTS if live < b]
     return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens]
 
 
@@ -151,16 +157,14 @@ def run_point(point: ProfilePoint, backend: ModelBackend, prompts: list[list[int
 
 # Shapes of at most this many rows run once untimed right before they are timed. In a run a
 # step follows steps of about its own shape; in a round a shape follows an unrelated, often
-# much larger one, and the peer model's small steps timed that way (each right after a
-# random large grid shape) took longer than back to back: a one-row decode 3.9%, a 128-token
-# prefill 3.6%, 4 and 16 decode rows 1.8% and 1.1% (medians of 145 each), a 110-row mixed
-# step no longer. The fit then predicted small steps slow, and every latency with them.
+# much larger one whose weights and activations evicted the caches, and a small step timed
+# right after such a shape takes a few percent longer than it does in a run.
 WARM_ROWS = 256
 
 
 class GridProfile:
     """The grid's shapes with fixed prompt tokens, timed one round (every shape once) at a
-    time, so rounds can be spread over a session: back to back (`measure`), or a shape at a
+    time, so rounds can be spread out: back to back (`measure`), or a shape at a
     time between the steps of `servelab validate`'s measured runs (`run_next`)."""
 
     def __init__(self, backend: ModelBackend, points: list[ProfilePoint], seed: int = 0
@@ -257,25 +261,6 @@ def relative_speeds(times: np.ndarray, tags: list[list[Hashable]]) -> dict[Hasha
         for ratio, tag in zip(row_ratios, row_tags, strict=True):
             grouped.setdefault(tag, []).append(float(ratio))
     return {tag: float(np.median(values)) for tag, values in grouped.items()}
-
-
-def window_speeds(times: np.ndarray, tags: list[list[Hashable]], min_timings: int
-                  ) -> dict[Hashable, float]:
-    """relative_speeds for tags that end in a window of a run, (*run, from_s): each window's
-    median, or its run's (every timing of every window of it) when the window has fewer
-    than min_timings timings to take one from. Other tags (None) keep their own median."""
-    times = np.asarray(times, dtype=float)
-    ratios = times / np.median(times, axis=0)
-    own: dict[Hashable, list[float]] = {}
-    runs: dict[Hashable, list[float]] = {}
-    for row_ratios, row_tags in zip(ratios, tags, strict=True):
-        for ratio, tag in zip(row_ratios, row_tags, strict=True):
-            own.setdefault(tag, []).append(float(ratio))
-            if isinstance(tag, tuple):
-                runs.setdefault(tag[:-1], []).append(float(ratio))
-    return {tag: float(np.median(values if len(values) >= min_timings
-                                 or not isinstance(tag, tuple) else runs[tag[:-1]]))
-            for tag, values in own.items()}
 
 
 def measure(backend: ModelBackend, points: list[ProfilePoint], repeats: int = 3,

@@ -49,7 +49,7 @@ def _simulate(requests: list[Request], config: SchedulerConfig,
 class MeasuredWorkload:
     """The conv trace cut and shrunk to keep a 45M-parameter CPU model busy, not swamped."""
 
-    max_requests: int = 300  # the README's validated conv workload (servelab validate)
+    max_requests: int = 300  # the conv workload of docs/fidelity.md (servelab validate)
     length_scale: float = 0.1
     qps_scale: float = 3.0
     repeats: int = 2  # measured runs per policy, A B .. B A (cmd_validate.measure_runs)

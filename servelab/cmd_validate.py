@@ -14,8 +14,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from calibration.fit import Fit, calibration_meta, profile_backend, save_calibration
-from calibration.interleave import SPEED_WINDOW_S, measure_and_calibrate
-from calibration.validation import RunSpeed, compare, measure_runs, overall
+from calibration.interleave import measure_and_calibrate
+from calibration.validation import compare, measure_runs, overall
 from servelab.model_args import add_model_args, load_model_from_args
 from servelab.sim_args import (
     add_scheduler_args,
@@ -58,7 +58,7 @@ class Measured:
     step_logs: dict
     fit: Fit | None = None
     profile: object | None = None  # executor.profile.GridProfile
-    speeds: dict | None = None  # per policy, each run's RunSpeed
+    speeds: dict | None = None  # per policy, how slow the machine ran each run
 
 
 def _measure(args: argparse.Namespace, trace, loaded, configs: dict) -> Measured:
@@ -96,17 +96,12 @@ def _measure(args: argparse.Namespace, trace, loaded, configs: dict) -> Measured
     return Measured(runs, model, step_logs, fit, profile, speeds)
 
 
-def _other_speeds(trace, configs: dict, measured: Measured) -> tuple[dict | None, dict | None]:
-    """The same runs simulated with each at its run's speed throughout, and all at one speed:
-    what the window speeds buy (None without --calibrate)."""
+def _at_one_speed(trace, configs: dict, measured: Measured) -> dict | None:
+    """The same runs simulated at the machine's usual speed throughout, not each run's own:
+    what the run speeds buy (None without --calibrate)."""
     if measured.speeds is None:
-        return None, None
-    steady = {policy: [RunSpeed.steady(s.overall) for s in runs]
-              for policy, runs in measured.speeds.items()}
-    run_speed = overall(compare(trace, configs, measured.runs, measured.cost_model,
-                                speeds=steady)[0])
-    one_speed = overall(compare(trace, configs, measured.runs, measured.cost_model)[0])
-    return run_speed, one_speed
+        return None
+    return overall(compare(trace, configs, measured.runs, measured.cost_model)[0])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -123,11 +118,12 @@ def _run(args: argparse.Namespace) -> int:
     measured = _measure(args, trace, loaded, configs)
     results, runs = compare(trace, configs, measured.runs, measured.cost_model,
                             measured.step_logs, measured.speeds)
-    run_speed, one_speed = _other_speeds(trace, configs, measured)
+    one_speed = _at_one_speed(trace, configs, measured)
+    run_speed = overall(results) if measured.speeds is not None else None
     source = args.cost_model or f"{args.calibrate} (calibrated during the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads); cost model {source}")
-    _print(results, measured, run_speed, one_speed)
+    _print(results, measured, one_speed)
     if args.out is not None:
         from reporting.fidelity_charts import write_validation
 
@@ -146,8 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(results: dict, measured: Measured, run_speed: dict | None,
-           one_speed: dict | None) -> None:
+def _print(results: dict, measured: Measured, one_speed: dict | None) -> None:
     if measured.profile is not None:
         print(measured.fit.describe())
         print(f"grid timings on the measured runs' own backends: {measured.profile.borrowed} "
@@ -155,10 +150,8 @@ def _print(results: dict, measured: Measured, run_speed: dict | None,
     print(format_errors(results))
     print(format_overall(results))
     if measured.speeds is not None:
-        print(format_speeds(measured.speeds, SPEED_WINDOW_S))
-        for label, other in (("each run at its own speed throughout", run_speed),
-                             ("at one speed throughout", one_speed)):
-            print(f"simulated {label} instead: median |error| "
-                  f"{other['median_abs_error']:.1%}, largest {other['max_abs_error']:.1%}")
+        print(format_speeds(measured.speeds))
+        print(f"simulated at one speed throughout instead: median |error| "
+              f"{one_speed['median_abs_error']:.1%}, largest {one_speed['max_abs_error']:.1%}")
     if steps := format_steps(results):
         print(steps)

@@ -17,17 +17,11 @@ def format_overall(results: dict) -> str:
     return text
 
 
-def format_speeds(speeds: dict[str, list], window_s: float) -> str:
-    """Each policy's runs' speeds (calibration.validation.RunSpeed: the grid's shapes timed during a
-    run / their median), and the range of their windows'."""
-    def windows(runs: list) -> str:
-        factors = [factor for run in runs for _, factor in run.windows]
-        return f" (windows {min(factors):.2f}-{max(factors):.2f})"
-
-    return (f"how slow the machine ran during each measured run, simulated at its speed in "
-            f"each {window_s:g} s of the run: "
-            + "; ".join(f"{policy} " + " ".join(f"{run.overall:.2f}" for run in runs)
-                        + windows(runs) for policy, runs in speeds.items()))
+def format_speeds(speeds: dict[str, list[float]]) -> str:
+    """Each policy's runs' speeds: the grid's shapes timed during a run over their medians."""
+    return ("how slow the machine ran during each measured run (each simulated at its "
+            "speed): " + "; ".join(f"{policy} " + " ".join(f"{speed:.2f}" for speed in runs)
+                                   for policy, runs in speeds.items()))
 
 
 def format_errors(results: dict) -> str:

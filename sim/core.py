@@ -113,7 +113,6 @@ class BatchPlan:
     preempted: list[str] = field(default_factory=list)
     # Static batching: finished rows computed as padding (one token each, no output).
     padding: list[Request] = field(default_factory=list)
-    scheduled_s: float = 0.0  # the engine's clock when the step was scheduled
     # Derived totals for cost models, accumulated while the plan is built.
     prefill_tokens: int = 0  # tokens of prompt/recompute chunks (every non-decode token)
     prefill_attn: int = 0  # sum over prefill chunks of chunk_len * context_len after it

@@ -1,4 +1,4 @@
-"""One Scheduler; the four policies are configurations of it (DESIGN.md sections 3-4).
+"""One Scheduler; the four policies are configurations of it.
 
 There is no prefill phase or decode phase: each request has `num_computed_tokens`, and each
 step hands out tokens from one budget so every running request catches up with its sequence.
@@ -24,7 +24,7 @@ _RUNNING = RequestStatus.RUNNING
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Policy and limits of one scheduler (the `--policy` table of DESIGN.md section 4)."""
+    """Policy and limits of one scheduler (`--policy` and the scheduler flags)."""
 
     policy: str = "continuous"
     num_blocks: int = 4096  # KV pool size in blocks
@@ -144,7 +144,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> BatchPlan:
         """Decide what the next step computes (an empty plan if there is nothing to do)."""
-        plan = BatchPlan(scheduled_s=now)
+        plan = BatchPlan()
         if self._static:
             self._schedule_static(plan, now)
             return plan

@@ -22,10 +22,15 @@
 namespace {
 
 constexpr int64_t NR = 16;   // output columns per packed weight panel (two AVX vectors)
-constexpr int64_t MR = 6;    // rows per micro-kernel: 12 accumulators + 2 weights + 1 input
+// The row tiling comes from executor/native.py as -D flags (the cost model's row knots are
+// derived from the same numbers there).
+constexpr int64_t MR = SERVELAB_GEMM_MICRO_ROWS;  // rows per micro-kernel: 12 accumulators +
+                                                  // 2 weights + 1 input
 constexpr int64_t KC = 256;  // reduction block: a [KC, NR] weight slice is 16 KiB (L1)
-constexpr int64_t MC = 144;  // rows per packed input block: [MC, KC] is 144 KiB (L2)
-constexpr int64_t SMALL_M = 2 * MR;  // up to this many rows, no K blocking
+constexpr int64_t MC = SERVELAB_GEMM_BLOCK_ROWS;  // rows per packed input block: [MC, KC] is
+                                                  // 144 KiB (L2)
+constexpr int64_t SMALL_M = SERVELAB_GEMM_SMALL_ROWS;  // up to this many rows, no K blocking
+static_assert(MR == 6, "MICRO_KERNELS below lists micro_kernel<1> .. micro_kernel<6>");
 
 void check_cpu_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name,

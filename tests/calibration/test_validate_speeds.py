@@ -1,5 +1,5 @@
 """validate's per-run machine speed: the grid timed during a run says how slow the machine
-ran then, window by window, and that run is simulated at those speeds."""
+ran then, and that run is simulated at that speed."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from calibration.fit import fit_profile
-from calibration.validation import RunSpeed, compare
-from executor.profile import relative_speeds, window_speeds
-from sim.calibrated import FEATURES, CalibratedCostModel, speed_at
+from calibration.validation import compare
+from executor.profile import relative_speeds
+from sim.calibrated import FEATURES, CalibratedCostModel
 from sim.core import BatchPlan, Request
 from sim.engine import Engine
 from sim.plan import add_to_plan
@@ -75,62 +75,10 @@ def test_each_run_is_simulated_at_the_speed_the_machine_ran_it():
         run_trace(requests_from_trace(trace),
                   Engine(Scheduler(configs["continuous"]), model.scaled(f)))
         for f in factors]}
-    speeds = {"continuous": [RunSpeed.steady(f) for f in factors]}
+    speeds = {"continuous": factors}
     exact, _ = compare(trace, configs, measured, model, speeds=speeds)
     errors = exact["continuous"]["error"]
     assert all(abs(e) < 1e-9 for e in errors.values() if e is not None)
     assert exact["continuous"]["speeds"] == factors
     blind, _ = compare(trace, configs, measured, model)  # at the usual speed throughout
     assert blind["continuous"]["error"]["median_e2el_ms"] < -0.05
-
-
-def test_window_speeds_are_a_windows_median_or_its_runs_when_it_has_few_timings():
-    base = np.array([1.0, 2.0, 3.0, 4.0])
-    # Round 0 at home (None); round 1 in run ("a", 0): its first window at the usual speed,
-    # its second 1.5x as slow; round 2 in the same run's second window, then one timing
-    # alone in a third window at 3x.
-    times = np.array([base, base * [1.0, 1.0, 1.5, 1.5], base * [1.5, 1.5, 1.5, 3.0]])
-    tags = [[None] * 4, [("a", 0, 0.0)] * 2 + [("a", 0, 5.0)] * 2,
-            [("a", 0, 5.0)] * 3 + [("a", 0, 10.0)]]
-    speeds = window_speeds(times, tags, min_timings=2)
-    ratios = times / np.median(times, axis=0)
-    assert speeds[None] == pytest.approx(np.median(ratios[0]))
-    assert speeds[("a", 0, 0.0)] == pytest.approx(np.median(ratios[1, :2]))
-    assert speeds[("a", 0, 5.0)] == pytest.approx(np.median([*ratios[1, 2:], *ratios[2, :3]]))
-    assert speeds[("a", 0, 10.0)] == pytest.approx(np.median([*ratios[1], *ratios[2]]))
-
-
-def test_a_drifting_model_prices_each_step_at_the_speed_when_it_was_scheduled():
-    model = _model()
-    drift = ((0.0, 1.0), (2.0, 1.5), (4.0, 0.8))
-    plan = _plan(3)
-    for t, factor in ((0.0, 1.0), (1.99, 1.0), (2.0, 1.5), (3.0, 1.5), (9.0, 0.8)):
-        plan.scheduled_s = t
-        assert speed_at(drift, t) == factor
-        assert model.drifting(drift).execute(plan).duration_s == pytest.approx(
-            factor * model.predict(plan))
-    assert speed_at((), 5.0) == 1.0 and speed_at(((1.0, 2.0),), 0.0) == 2.0
-    for bad in (((0.0, 1.0), (0.0, 1.2)), ((0.0, 1.0), (1.0, 0.0)), ((2.0, 1.0), (1.0, 1.0))):
-        with pytest.raises(ValueError, match="drift"):
-            model.drifting(bad)
-
-
-def test_a_run_whose_machine_slowed_part_way_is_simulated_window_by_window():
-    trace = open_trace(TRACE, None, 0)
-    configs = {"continuous": SchedulerConfig(num_blocks=400, max_model_len=2048)}
-    model = _model()
-    # "Measured" runs on a machine that slowed 1.8x part way through each, at another time.
-    drifts = [((0.0, 1.0), (0.4, 1.8)), ((0.0, 1.2), (0.6, 1.0))]
-    measured = {"continuous": [
-        run_trace(requests_from_trace(trace),
-                  Engine(Scheduler(configs["continuous"]), model.drifting(d)))
-        for d in drifts]}
-    overall = [1.4, 1.1]  # what one speed per run would say
-    speeds = {"continuous": [RunSpeed(o, d) for o, d in zip(overall, drifts, strict=True)]}
-    exact, _ = compare(trace, configs, measured, model, speeds=speeds)
-    errors = exact["continuous"]["error"]
-    assert all(abs(e) < 1e-9 for e in errors.values() if e is not None)
-    assert exact["continuous"]["speed_windows"] == [[list(w) for w in d] for d in drifts]
-    steady = {"continuous": [RunSpeed.steady(o) for o in overall]}
-    blind, _ = compare(trace, configs, measured, model, speeds=steady)
-    assert max(abs(e) for e in blind["continuous"]["error"].values() if e) > 0.05

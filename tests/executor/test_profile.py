@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from executor.backend import ModelBackend
+from executor.native import ROW_KNOTS
 from executor.profile import (
     WARM_ROWS,
     GridProfile,
@@ -14,7 +15,6 @@ from executor.profile import (
     profile_grid,
 )
 from sim.block_manager import BlockManager
-from sim.calibrated import DECODE_ROW_KNOTS
 from sim.core import StepResult
 from sim.scheduler import Scheduler, SchedulerConfig
 from tests.executor.helpers import make_request
@@ -62,9 +62,9 @@ def test_the_grid_prices_both_staircases_at_every_knot():
     # knot past them: the fit needs both to tell the layers' cost from the lm_head's.
     points = profile_grid(2048, 10**6)
     decode_rows = {len(p.shares) for p in points if p.kind == "decode"}
-    assert set(DECODE_ROW_KNOTS) <= decode_rows
+    assert set(ROW_KNOTS) <= decode_rows
     live = {len(p.shares) for p in points if p.kind == "static"}
-    assert {k for k in DECODE_ROW_KNOTS if k < 48} <= live
+    assert {k for k in ROW_KNOTS if k < 48} <= live
     assert all(p.padding and all(n == 1 for _, n in p.shares)
                for p in points if p.kind == "static")
 

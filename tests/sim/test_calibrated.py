@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from sim.calibrated import (
-    DECODE_ROW_KNOTS,
     FEATURES,
     CalibratedCostModel,
-    decode_row_weights,
+    feature_names,
     fit_coefficients,
+    knot_weights,
     plan_features,
     step_jitter,
 )
@@ -21,84 +21,68 @@ from sim.core import BatchPlan, Request
 from sim.plan import add_decodes, add_padding, add_to_plan
 from sim.scheduler import Scheduler, SchedulerConfig
 
+KNOTS = (1, 2, 4, 8, 16)  # any increasing rows: a calibration brings its kernels' own
+NAMES = feature_names(KNOTS)
+
 
 def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
-    n = 3000  # enough steps at each (rows, sampled rows) knot to pin its fixed cost
-    row_costs = [0.0, 1e-4, 2e-4, 3e-4, 6e-4, 7e-4, 1e-3, 3e-3]  # decode-only fixed, by rows
-    sampled_costs = [0.0, 2e-4, 2e-4, 5e-4, 9e-4, 9e-4, 2e-3, 4e-3]  # ... by rows with logits
-    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 6e-8, 0.0,
-                     1e-3, *row_costs, *sampled_costs])
+    n = 3000  # enough steps at each sampled-rows knot to pin its fixed cost
+    knot_costs = [0.0, 2e-4, 5e-4, 9e-4, 3e-3]  # decode-only fixed cost by rows with logits
+    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0,
+                     *knot_costs])
     prefill = rng.integers(0, 2, n)
     x = np.column_stack([np.ones(n), prefill]
                         + [rng.uniform(0, s, n)
                            for s in (2000, 64, 64, 5e4, 1e5, 2000, 1e6, 1e6, 1e6)])
-    x = np.column_stack([x, np.maximum(0, x[:, 5] - 2e4), np.maximum(0, x[:, 6] - 2e4)])
-    rows = np.where(rng.random(n) < 0.5, rng.integers(1, 16, n), rng.integers(1, 200, n))
-    sampled = np.where(rng.random(n) < 0.5, rows, rng.integers(1, rows + 1))  # half static
-    hats = [_knot_features(r, s, p) for r, s, p in zip(rows, sampled, prefill, strict=True)]
-    mixed = prefill * (rng.random(n) < 0.5)  # half the prefill steps carry decodes as well
-    x = np.column_stack([x, mixed, np.asarray(hats)])
+    sampled = np.where(rng.random(n) < 0.5, rng.integers(1, 10, n), rng.integers(1, 40, n))
+    hats = [knot_weights(s, KNOTS) if not p else [0.0] * len(KNOTS)
+            for s, p in zip(sampled, prefill, strict=True)]
+    x = np.column_stack([x, np.asarray(hats)])
     y = x @ true * rng.normal(1.0, 0.01, n)
     fitted = fit_coefficients(x, y)
     assert np.all(fitted >= 0)
     rel = np.abs(x @ fitted - y) / y
     assert np.median(rel) < 0.01
     assert fitted[2:5] == pytest.approx(true[2:5], rel=0.1)  # per row and per sequence
-    # The fixed costs (the constant and the two sets of knots share theirs, so only the
-    # sums are identifiable): a prefill step's, alone and with decodes, and a decode step's at
-    # each pair of knots.
+    # The fixed costs (the constant and the knots share theirs, so only sums are
+    # identifiable): a prefill step's and a decode step's at each knot.
     assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
-    mixed_fixed = [0, 1, FEATURES.index("mixed_step")]
-    assert fitted[mixed_fixed].sum() == pytest.approx(true[mixed_fixed].sum(), rel=0.1)
-    for r in DECODE_ROW_KNOTS:
-        for s in (k for k in DECODE_ROW_KNOTS if k <= r):
-            at = np.zeros(len(FEATURES))
-            at[0] = 1.0
-            at[-2 * len(DECODE_ROW_KNOTS):] = _knot_features(r, s, 0)
-            assert at @ fitted == pytest.approx(at @ true, rel=0.1), (r, s)
+    for k in KNOTS:
+        at = np.zeros(len(NAMES))
+        at[0] = 1.0
+        at[len(FEATURES):] = knot_weights(k, KNOTS)
+        assert at @ fitted == pytest.approx(at @ true, rel=0.1), k
 
 
-def _knot_features(rows: int, sampled: int, prefill: int) -> list[float]:
-    if prefill:
-        return [0.0] * (2 * len(DECODE_ROW_KNOTS))
-    return decode_row_weights(rows) + decode_row_weights(sampled)
-
-
-def test_decode_steps_pay_a_fixed_cost_by_their_row_count():
-    assert DECODE_ROW_KNOTS[0] == 1 and list(DECODE_ROW_KNOTS) == sorted(DECODE_ROW_KNOTS)
-    weights = decode_row_weights(3)  # halfway between the knots at 2 and 4
-    assert weights[DECODE_ROW_KNOTS.index(2)] == weights[DECODE_ROW_KNOTS.index(4)] == 0.5
-    assert decode_row_weights(500) == [0.0] * (len(DECODE_ROW_KNOTS) - 1) + [1.0]
+def test_decode_steps_pay_a_fixed_cost_by_their_sampled_rows():
+    weights = knot_weights(3, KNOTS)  # halfway between the knots at 2 and 4
+    assert weights[KNOTS.index(2)] == weights[KNOTS.index(4)] == 0.5
+    assert knot_weights(500, KNOTS) == [0.0] * (len(KNOTS) - 1) + [1.0]
+    assert knot_weights(0, KNOTS) == [0.0] * len(KNOTS)
     for rows in range(1, 40):
-        assert sum(decode_row_weights(rows)) == pytest.approx(1.0)
+        assert sum(knot_weights(rows, KNOTS)) == pytest.approx(1.0)
     plan = BatchPlan()
-    add_decodes(plan, [_running(f"d{i}", 10) for i in range(6)])
-    f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert f["decode_rows_6"] == 1.0
-    assert f["decode_sampled_6"] == 1.0  # every row samples
-    assert f["mixed_step"] == 0.0
+    add_decodes(plan, [_running(f"d{i}", 10) for i in range(8)])
+    f = dict(zip(NAMES, plan_features(plan, KNOTS), strict=True))
+    assert f["decode_sampled_8"] == 1.0 and f["prefill_step"] == 0.0
+    assert len(plan_features(plan)) == len(FEATURES)  # no knots, no knot features
     add_to_plan(plan, Request("p", 0.0, 20, 4), 20)  # a prefill chunk joins: not decode-only
-    f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert all(f[f"decode_rows_{k}"] == f[f"decode_sampled_{k}"] == 0.0
-               for k in DECODE_ROW_KNOTS)
-    assert f["mixed_step"] == 1.0 and f["prefill_step"] == 1.0
+    f = dict(zip(NAMES, plan_features(plan, KNOTS), strict=True))
+    assert all(f[f"decode_sampled_{k}"] == 0.0 for k in KNOTS)
+    assert f["prefill_step"] == 1.0
 
 
-def test_static_padding_rows_pay_the_layers_knots_but_not_the_lm_heads():
-    assert decode_row_weights(0) == [0.0] * len(DECODE_ROW_KNOTS)
+def test_static_padding_rows_are_computed_but_sample_nothing():
     plan = BatchPlan()
     add_decodes(plan, [_running(f"d{i}", 10) for i in range(4)])
     for i in range(20):  # finished rows of a static batch: computed, no logits
         add_padding(plan, _running(f"f{i}", 12))
-    f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert f["tokens"] == 24 and f["sampled"] == 4
-    assert f["decode_rows_4"] == 0.0 and f["decode_sampled_4"] == 1.0
-    assert sum(f[f"decode_rows_{k}"] for k in DECODE_ROW_KNOTS) == 1.0
-    assert sum(f[f"decode_sampled_{k}"] for k in DECODE_ROW_KNOTS) == 1.0
+    f = dict(zip(NAMES, plan_features(plan, KNOTS), strict=True))
+    assert f["tokens"] == 24 and f["sampled"] == 4 and f["decode_sampled_4"] == 1.0
     # A model whose lm_head costs 1 ms a tile prices the 24-row step as 4 sampled rows.
-    head = np.array([1e-3 if name.startswith("decode_sampled_") else 0.0 for name in FEATURES])
-    assert CalibratedCostModel(tuple(head)).predict(plan) == pytest.approx(1e-3)
+    head = np.array([1e-3 if name.startswith("decode_sampled_") else 0.0 for name in NAMES])
+    assert CalibratedCostModel(tuple(head), KNOTS).predict(plan) == pytest.approx(1e-3)
 
 
 def _running(request_id: str, computed: int) -> Request:
@@ -114,7 +98,6 @@ def test_features_follow_the_plan_totals():
     plan = sched.schedule(0.0)
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["tokens"] == 32 and f["sampled"] == 0 and f["seqs"] == 1 and f["prefill_step"] == 1
-    assert f["mixed_step"] == 0  # a chunk alone
     assert f["prefill_attn"] == 32 * 32 and f["prefill_attn_padded"] == 32 * 32
     assert f["prefill_attn_causal"] == 32 * 33 // 2  # query i sees keys 0..i
 
@@ -126,25 +109,29 @@ def test_decode_features_see_the_longest_row_as_well_as_the_sum():
     add_decodes(plan, [short, long])
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert (f["decode_kv"], f["decode_kv_max"], f["decode_kv_padded"]) == (18, 13, 26)
+    assert f["prefill_step"] == 0  # decodes only
 
 
 def test_predict_saves_and_loads(tmp_path):
-    model = CalibratedCostModel(tuple(float(i) * 1e-4 for i in range(len(FEATURES))),
-                                knee_tokens=4, meta={"model": "tiny"})
+    model = CalibratedCostModel(tuple(float(i) * 1e-4 for i in range(len(NAMES))), KNOTS,
+                                meta={"model": "tiny"})
     plan = BatchPlan(requests=[Request("a", 0.0, 4, 4)], decode_seqs=1, num_sampled=1,
                      decode_context=5, decode_context_max=5)
     path = tmp_path / "cal.json"
     model.save(path)
     loaded = CalibratedCostModel.load(path)
     assert loaded.predict(plan) == model.predict(plan) > 0
-    assert loaded.meta == {"model": "tiny"} and loaded.knee_tokens == 4
-    f = dict(zip(FEATURES, plan_features(plan, 4), strict=True))
-    assert f["decode_kv_excess"] == 1 and f["decode_kv_padded_excess"] == 1
-    assert f["decode_kv_max"] == 5
-    assert f["prefill_step"] == 0  # decodes only
-    f = dict(zip(FEATURES, plan_features(plan), strict=True))
-    assert f["decode_kv_excess"] == f["decode_kv_padded_excess"] == 0  # no knee: no excess
+    assert loaded.meta == {"model": "tiny"} and loaded.row_knots == KNOTS
     assert model.predict(BatchPlan()) == 0.0
+
+
+def test_row_knots_must_increase():
+    coefficients = (0.0,) * (len(FEATURES) + 2)
+    for knots in ((2, 2), (0, 4), (4, 2)):
+        with pytest.raises(ValueError, match="row knots"):
+            CalibratedCostModel(coefficients, knots)
+    with pytest.raises(ValueError, match="coefficients"):
+        CalibratedCostModel(coefficients, (1, 2, 4))
 
 
 @pytest.mark.parametrize(
@@ -153,8 +140,12 @@ def test_predict_saves_and_loads(tmp_path):
      (json.dumps({"features": {"constant": 1.0}}), "lacks features"),
      (json.dumps({"features": {name: "x" for name in FEATURES}}), "numbers"),
      (json.dumps({"features": {name: -1.0 for name in FEATURES}}), ">= 0"),
-     (json.dumps({"features": {"decode_rows_99": 1.0, **{name: 1.0 for name in FEATURES}}}),
-      "does not price .decode_rows_99.")],
+     (json.dumps({"features": {"decode_rows_6": 1.0, **{name: 1.0 for name in FEATURES}}}),
+      "does not price .decode_rows_6."),
+     (json.dumps({"features": {name: 1.0 for name in FEATURES}, "row_knots": ["x"]}),
+      "row knots"),
+     (json.dumps({"features": {name: 1.0 for name in FEATURES}, "row_knots": [4, 2]}),
+      "row knots must be increasing")],
 )
 def test_bad_calibration_file_names_the_file(tmp_path, content, needle):
     path = tmp_path / "bad.json"
