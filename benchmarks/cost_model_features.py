@@ -4,11 +4,11 @@ without each feature, every variant judged on the same data.
 The trace runs once per policy on the executor with the profile grid timed between its
 steps (as `servelab validate --calibrate` does). Then, per variant, the grid is fitted
 without the variant's features and the runs are simulated with that fit, and the variant
-gets two scores: the held-out error of the grid's shapes (every shape predicted by a fit
-that did not see it) and validate's median and largest |error| over the summary metrics.
-The machine-speed modes (window by window, each run at its own speed, one speed) are
-scored on the full model. --save keeps the sitting (a pickle) so that sittings made at
-other times can be scored again with --load, side by side.
+gets three scores: the held-out error of the grid's shapes (every shape predicted by a fit
+that did not see it), validate's median and largest |error| over the summary metrics, and
+the median measured / predicted of the runs' own steps with a prefill chunk (each divided by
+its run's speed; median over the policies). --save keeps the sitting (a pickle) so that
+sittings made at other times can be scored again with --load, side by side.
 
     python benchmarks/cost_model_features.py --trace azure-conv --max-requests 300 \\
         --length-scale 0.1 --qps-scale 3 --save out/features-conv.pkl
@@ -28,7 +28,7 @@ import numpy as np
 
 from calibration.fit import fit_profile, profile_backend
 from calibration.interleave import measure_interleaved
-from calibration.validation import RunSpeed, compare, overall
+from calibration.validation import STEP_KINDS, compare, overall
 from executor.loading import cpu_model
 from executor.native import ROW_KNOTS
 from sim.calibrated import feature_names
@@ -42,6 +42,7 @@ VARIANTS = {  # name -> the features left out
     "no longest-KV term": frozenset({"decode_kv_max"}),
     "none of these": KNOTS | {"mixed_step", "decode_kv_max"},
 }
+CHUNK = STEP_KINDS[3]  # steps with a prefill chunk
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -58,35 +59,39 @@ def measure(args: argparse.Namespace) -> dict:
                                   max_model_len=max_len) for p in POLICIES}
     profile = GridProfile(backend, points, args.seed)
     started = time.perf_counter()
+    step_logs: dict[str, list] = {}
     runs, speeds, slowness = measure_interleaved(trace, configs, loaded.model, profile,
-                                                 args.seed)
+                                                 args.seed, step_logs=step_logs)
     return {"trace": trace, "configs": configs, "runs": runs, "speeds": speeds,
+            "step_logs": step_logs,
             "plans": profile.plans, "times": profile.times, "slowness": slowness,
             "row_knots": row_knots(backend),
             "cpu": cpu_model(), "when": time.strftime("%Y-%m-%d %H:%M"),
             "seconds": time.perf_counter() - started}
 
 
-def score(sitting: dict) -> list[tuple[str, float, float, float, float]]:
-    """(variant, held-out median, held-out p90, validate median, validate max) per variant,
-    then the full model's speed modes."""
+def score(sitting: dict) -> list[tuple[str, float, float, float, float, float]]:
+    """(variant, held-out median, held-out p90, validate median, validate max, in-run steps
+    with a prefill chunk measured / predicted) per variant, then the full model at one
+    speed for all runs."""
     trace, configs, runs = sitting["trace"], sitting["configs"], sitting["runs"]
-    rows = []
     knots = sitting.get("row_knots", ROW_KNOTS)
+    rows = []
     for name, without in VARIANTS.items():
         fit = fit_profile(sitting["plans"], sitting["times"], sitting["slowness"], knots,
                           without)
-        result = overall(compare(trace, configs, runs, fit.model, speeds=sitting["speeds"])[0])
+        results = compare(trace, configs, runs, fit.model, sitting["step_logs"],
+                          sitting["speeds"])[0]
+        result = overall(results)
+        chunk = np.median([r["steps"][CHUNK]["median_ratio"] for r in results.values()
+                           if CHUNK in r.get("steps", {})])
         rows.append((name, float(np.median(fit.held_error)),
                      float(np.percentile(fit.held_error, 90)),
-                     result["median_abs_error"], result["max_abs_error"]))
+                     result["median_abs_error"], result["max_abs_error"], float(chunk)))
     full = fit_profile(sitting["plans"], sitting["times"], sitting["slowness"], knots)
-    steady = {policy: [RunSpeed.steady(s.overall) for s in speeds]
-              for policy, speeds in sitting["speeds"].items()}
-    for name, speeds in (("all, each run at one speed", steady), ("all, one speed", None)):
-        result = overall(compare(trace, configs, runs, full.model, speeds=speeds)[0])
-        rows.append((name, float("nan"), float("nan"), result["median_abs_error"],
-                     result["max_abs_error"]))
+    result = overall(compare(trace, configs, runs, full.model)[0])
+    rows.append(("all, one speed for all runs", float("nan"), float("nan"),
+                 result["median_abs_error"], result["max_abs_error"], float("nan")))
     return rows
 
 
@@ -112,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     for sitting in sittings:
         print(f"{sitting['trace'].name}: {len(sitting['trace'])} requests, measured "
               f"{sitting['when']} on {sitting['cpu']} ({sitting['seconds']:.0f} s)")
-    head = f"{'variant':<28}" + "".join(f"{'held-out p50/p90':>20}{'validate p50/max':>20}"
-                                         for _ in sittings)
+    head = f"{'variant':<28}" + "".join(
+        f"{'held-out p50/p90':>18}{'validate p50/max':>18}{'chunk steps':>12}" for _ in sittings)
     print(head)
     for i, (name, *_) in enumerate(scored[0]):
-        cells = "".join(f"{_pair(rows[i][1], rows[i][2]):>20}{_pair(rows[i][3], rows[i][4]):>20}"
+        cells = "".join(f"{_pair(rows[i][1], rows[i][2]):>18}{_pair(rows[i][3], rows[i][4]):>18}"
+                        f"{'-' if np.isnan(rows[i][5]) else f'{rows[i][5]:.3f}':>12}"
                         for rows in scored)
         print(f"{name:<28}{cells}")
     medians = [statistics.median(rows[0][3] for rows in scored)]

@@ -121,36 +121,52 @@ def main(argv: list[str] | None = None) -> int:
     requests = requests_from_trace(trace)
     attach_prompt_tokens(requests, loaded.vocab_size, args.seed)
     scheduler = Scheduler(config)
-    separate = profile = mixed = None
+    separate = None
     if args.separate or args.grid:
         separate = ModelBackend(loaded.model, BlockManager(num_blocks, args.block_size))
     backend = CheckingBackend(loaded.model, scheduler.block_manager, every=args.every,
                               seed=args.seed, separate=separate)
-    on_step = None
-    if args.grid:  # the grid interleaved as validate does: on the run's backend if it fits
-        profile = GridProfile(separate, profile_grid(config.max_model_len,
-                                                     num_blocks * args.block_size), args.seed)
-        profile.run_round(timed=False)
-        mixed = Interleaved(profile)
-        mixed.use_backend(backend)
-
-        def on_step(now: float, done: list) -> None:
-            backend.checking = True  # the grid's shapes are not the run's steps to check
-            try:
-                mixed.on_step(now, done)
-            finally:
-                backend.checking = False
-    run_trace(requests, Engine(scheduler, backend), on_step=on_step)
     fit = None
-    if profile is not None:
-        profile.use(None)  # the run is over: the rest of the grid at home, as validate does
-        profile.finish()
-        fit = fit_profile(profile.plans, profile.times, row_knots=row_knots(separate))
-        print(f"grid: {len(profile.rounds)} rounds interleaved, {profile.borrowed} of "
-              f"{profile.times.size} timings on the run's backend; {fit.describe()}")
-
+    if args.grid:
+        fit = _run_with_grid(requests, scheduler, backend, separate, args.seed)
+    else:
+        run_trace(requests, Engine(scheduler, backend))
     print(f"{args.policy}, {len(requests)} requests, {loaded.name} on {loaded.device}: "
           f"{len(backend.checked)} steps checked, {backend.skipped} skipped (KV pool full)")
+    _print_ratios(backend.checked, separate is not None, fit)
+    return 0
+
+
+def _run_with_grid(requests: list, scheduler: Scheduler, backend: CheckingBackend,
+                   separate: ModelBackend, seed: int):
+    """The run with the grid interleaved as validate does (on the run's backend where a
+    shape fits, else on `separate`); the grid's fit."""
+    config = scheduler.config
+    profile = GridProfile(separate, profile_grid(config.max_model_len,
+                                                 config.num_blocks * config.block_size), seed)
+    profile.run_round(timed=False)
+    mixed = Interleaved(profile)
+    mixed.use_backend(backend)
+
+    def on_step(now: float, done: list) -> None:
+        backend.checking = True  # the grid's shapes are not the run's steps to check
+        try:
+            mixed.on_step(now, done)
+        finally:
+            backend.checking = False
+
+    run_trace(requests, Engine(scheduler, backend), on_step=on_step)
+    profile.use(None)  # the run is over: the rest of the grid at home, as validate does
+    profile.finish()
+    fit = fit_profile(profile.plans, profile.times, row_knots=row_knots(separate))
+    print(f"grid: {len(profile.rounds)} rounds interleaved, {profile.borrowed} of "
+          f"{profile.times.size} timings on the run's backend; {fit.describe()}")
+    return fit
+
+
+def _print_ratios(checked: list[tuple], separate: bool, fit) -> None:
+    """Per step kind: the median in-run step, and the medians of each time over it (and over
+    the fit's prediction, with --grid)."""
     names = ["again", "profiled"] + (["separate"] if separate else [])
     columns = [f"{n}/run" for n in names] + (["separate/profiled"] if separate else [])
     if fit is not None:
@@ -158,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'step kind':24s} {'steps':>6s} {'in-run ms':>10s}"
           + "".join(f" {c:>{max(10, len(c))}s}" for c in columns))
     for kind in (*STEP_KINDS, "all"):
-        rows = [r for r in backend.checked if kind in ("all", r[0])]
+        rows = [r for r in checked if kind in ("all", r[0])]
         if not rows:
             continue
         times = np.array([r[2:] for r in rows], dtype=float).T
@@ -172,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:24s} {len(rows):6d} {np.median(run) * 1e3:10.2f}" + "".join(
             f" {np.median(x):>{max(10, len(c))}.3f}" for x, c in zip(ratios, columns,
                                                                       strict=True)))
-    return 0
 
 
 if __name__ == "__main__":

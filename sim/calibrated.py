@@ -37,6 +37,7 @@ FEATURES = (
     "prefill_attn",  # sum over chunks of chunk length x KV length: a masked kernel's area
     "prefill_attn_causal",  # the (query, key) pairs a causal kernel visits
     "prefill_attn_padded",  # chunks x longest chunk x longest KV: a padded kernel's area
+    "mixed_step",  # 1 if a prefill chunk and decodes share the step
 )
 # With row knots (a calibration of the native kernels), a decode-only step also pays a fixed
 # cost by its rows with logits, piecewise linear between the knots and flat past the last:
@@ -45,7 +46,7 @@ FEATURES = (
 # from the kernels' tile sizes (executor.native.ROW_KNOTS) and are saved with the model.
 KNOT_PREFIX = "decode_sampled_"
 # Features added after calibrations were first shipped: a file without one fitted without it.
-OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max"})
+OPTIONAL_FEATURES = frozenset({"prefill_attn_causal", "decode_kv_max", "mixed_step"})
 JITTER_QUANTILES = 100  # run / median at evenly spaced probabilities, 0.5% .. 99.5%
 _MASK64 = (1 << 64) - 1
 
@@ -69,6 +70,7 @@ def plan_features(plan: BatchPlan, row_knots: tuple[int, ...] = ()) -> list[floa
         float(plan.prefill_attn),
         float(plan.prefill_attn_causal),
         float(plan.prefill_seqs * plan.prefill_chunk_max * plan.prefill_context_max),
+        1.0 if plan.prefill_seqs and plan.decode_seqs else 0.0,
     ]
     if row_knots:
         features += (knot_weights(plan.num_sampled, row_knots) if not plan.prefill_tokens

@@ -29,7 +29,7 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     rng = np.random.default_rng(0)
     n = 3000  # enough steps at each sampled-rows knot to pin its fixed cost
     knot_costs = [0.0, 2e-4, 5e-4, 9e-4, 3e-3]  # decode-only fixed cost by rows with logits
-    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0,
+    true = np.array([2e-3, 4e-3, 5e-5, 3e-4, 1e-5, 2e-8, 4e-8, 5e-7, 1e-9, 3e-9, 0.0, 1e-3,
                      *knot_costs])
     prefill = rng.integers(0, 2, n)
     x = np.column_stack([np.ones(n), prefill]
@@ -38,7 +38,8 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     sampled = np.where(rng.random(n) < 0.5, rng.integers(1, 10, n), rng.integers(1, 40, n))
     hats = [knot_weights(s, KNOTS) if not p else [0.0] * len(KNOTS)
             for s, p in zip(sampled, prefill, strict=True)]
-    x = np.column_stack([x, np.asarray(hats)])
+    mixed = prefill * (rng.random(n) < 0.5)  # half the prefill steps carry decodes as well
+    x = np.column_stack([x, mixed, np.asarray(hats)])
     y = x @ true * rng.normal(1.0, 0.01, n)
     fitted = fit_coefficients(x, y)
     assert np.all(fitted >= 0)
@@ -46,8 +47,10 @@ def test_fit_recovers_known_coefficients_from_noisy_steps():
     assert np.median(rel) < 0.01
     assert fitted[2:5] == pytest.approx(true[2:5], rel=0.1)  # per row and per sequence
     # The fixed costs (the constant and the knots share theirs, so only sums are
-    # identifiable): a prefill step's and a decode step's at each knot.
+    # identifiable): a prefill step's, alone and with decodes, and a decode step's at each knot.
     assert fitted[0] + fitted[1] == pytest.approx(true[0] + true[1], rel=0.1)
+    mixed_fixed = [0, 1, NAMES.index("mixed_step")]
+    assert fitted[mixed_fixed].sum() == pytest.approx(true[mixed_fixed].sum(), rel=0.1)
     for k in KNOTS:
         at = np.zeros(len(NAMES))
         at[0] = 1.0
@@ -65,12 +68,12 @@ def test_decode_steps_pay_a_fixed_cost_by_their_sampled_rows():
     plan = BatchPlan()
     add_decodes(plan, [_running(f"d{i}", 10) for i in range(8)])
     f = dict(zip(NAMES, plan_features(plan, KNOTS), strict=True))
-    assert f["decode_sampled_8"] == 1.0 and f["prefill_step"] == 0.0
+    assert f["decode_sampled_8"] == 1.0 and f["prefill_step"] == f["mixed_step"] == 0.0
     assert len(plan_features(plan)) == len(FEATURES)  # no knots, no knot features
     add_to_plan(plan, Request("p", 0.0, 20, 4), 20)  # a prefill chunk joins: not decode-only
     f = dict(zip(NAMES, plan_features(plan, KNOTS), strict=True))
     assert all(f[f"decode_sampled_{k}"] == 0.0 for k in KNOTS)
-    assert f["prefill_step"] == 1.0
+    assert f["prefill_step"] == f["mixed_step"] == 1.0
 
 
 def test_static_padding_rows_are_computed_but_sample_nothing():
@@ -98,6 +101,7 @@ def test_features_follow_the_plan_totals():
     plan = sched.schedule(0.0)
     f = dict(zip(FEATURES, plan_features(plan), strict=True))
     assert f["tokens"] == 32 and f["sampled"] == 0 and f["seqs"] == 1 and f["prefill_step"] == 1
+    assert f["mixed_step"] == 0  # a chunk alone
     assert f["prefill_attn"] == 32 * 32 and f["prefill_attn_padded"] == 32 * 32
     assert f["prefill_attn_causal"] == 32 * 33 // 2  # query i sees keys 0..i
 
