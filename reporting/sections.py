@@ -52,7 +52,7 @@ class MeasuredWorkload:
     max_requests: int = 300  # the conv workload of docs/fidelity.md (servelab validate)
     length_scale: float = 0.1
     qps_scale: float = 3.0
-    repeats: int = 2  # measured runs per policy, A B .. B A (cmd_validate.measure_runs)
+    repeats: int = 2  # measured runs per policy, A B .. B A (calibration.validation.measure_runs)
     model: str = "peer-45m"
 
     def describe(self) -> str:
