@@ -1,5 +1,5 @@
-"""Fit the calibrated cost model to profiled step times: coefficients, KV knee, step jitter,
-and the error on shapes the fit did not see."""
+"""Fit the calibrated cost model to profiled step times: coefficients (with the row knots),
+step jitter, and the error on shapes the fit did not see."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ class Interleaved:
     calibration samples the machine at the moments the runs do (a shared machine's speed
     drifts over minutes; timed inside a run, a shape costs what the run's own step of that
     shape does: benchmarks/profile_vs_run.py), on the run's own backend where the shape fits
-    in its free KV blocks (`use_backend`). A run's clock advances by its own
-    steps alone (measured_run), so the shapes in between change none of its metrics."""
+    in its free KV blocks (`use_backend`). A run's clock advances by its own steps alone
+    (measured_run), so the shapes in between change none of its metrics."""
 
     def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
         self.profile, self.share, self.then = profile, share, on_step
@@ -88,9 +88,9 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
                           ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[float]]]:
     """measure_interleaved, and the cost model fitted to the grid's rounds: the runs, the
     fit and each run's speed."""
-    measured, speeds, slowness = measure_interleaved(trace, configs, model, profile, seed,
-                                                     on_step, on_run, repeats, step_logs)
     from executor.profile import row_knots
 
+    measured, speeds, slowness = measure_interleaved(trace, configs, model, profile, seed,
+                                                     on_step, on_run, repeats, step_logs)
     fit = fit_profile(profile.plans, profile.times, slowness, row_knots(profile.home))
     return measured, fit, speeds

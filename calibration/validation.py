@@ -24,6 +24,7 @@ SIMULATIONS_PER_RUN = 5  # simulated runs per measured one when steps have jitte
 VALIDATED = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
              "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
 
+
 def overall(results: dict) -> dict:
     """Median and largest |error| over every policy and metric, and the median spread."""
     errors = [abs(e) for r in results.values() for e in r["error"].values() if e is not None]

@@ -38,7 +38,7 @@ class PolicyOutcome:
     """One policy's summary, plus its tables when --out asked for them."""
 
     summary: dict
-    tables: object | None = None  # reporting.charts.RunTables
+    tables: RunTables | None = None
 
 
 def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
@@ -74,8 +74,8 @@ def _progress_hook(bar: tqdm):
 
 
 def simulate_policies(trace: Trace, configs: dict[str, SchedulerConfig], backend: Backend,
-             slo: Slo | None, keep_tables: bool, workers: int | None = None
-             ) -> dict[str, PolicyOutcome]:
+                      slo: Slo | None, keep_tables: bool, workers: int | None = None
+                      ) -> dict[str, PolicyOutcome]:
     """Each policy over the whole trace, one process each (up to `workers`, default one per
     core), a progress bar per policy when run in this process."""
     policies = list(configs)
