@@ -198,8 +198,10 @@ class GridProfile:
         point, prompts = self.points[i], self.prompts[i]
         backend = self.backend
         if (backend is not self.home
-                and backend.block_manager.num_free_blocks < point.blocks(backend.block_manager)):
-            backend = self.home  # the run holds too much of its pool for this shape now
+                and backend.block_manager.num_clean_blocks < point.blocks(backend.block_manager)):
+            # The run holds too much of its pool for this shape now (cached blocks count as
+            # held: taking them would change the run's prefix-cache hits).
+            backend = self.home
         log, backend.step_log = backend.step_log, None
         try:
             if timed and point.rows <= WARM_ROWS:

@@ -15,6 +15,7 @@ import pandas as pd
 from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
+    add_prefix_caching_arg,
     deployment_backend,
     parse_policies,
     slo_from_args,
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits = sweep.add_argument_group("fixed limits")
     limits.add_argument("--block-size", type=int, default=16)
     limits.add_argument("--max-model-len", type=int, default=None)
+    add_prefix_caching_arg(limits)
     add_cost_model_args(sweep)
     add_output_args(sweep)
     run = sweep.add_argument_group("where")
@@ -100,7 +102,8 @@ def _run(args: argparse.Namespace) -> int:
     low, high = bounds
     backend, num_blocks, max_len, where = deployment_backend(args)
     context = SweepContext(load_trace_from_args(args), backend, num_blocks, args.block_size,
-                           args.max_model_len or max_len, slo_from_args(args))
+                           args.max_model_len or max_len, slo_from_args(args),
+                           args.enable_prefix_caching)
     for point in points:  # a bad combination fails now, before any run
         context.config(point)
     if args.ray is not None:

@@ -28,6 +28,14 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
                        help="most tokens per step (default: 2048 chunked, else max-model-len)")
     group.add_argument("--max-model-len", type=int, default=None,
                        help="prompt+output limit per request (default: the model's, <= 8192)")
+    add_prefix_caching_arg(group)
+
+
+def add_prefix_caching_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--enable-prefix-caching / --no-enable-prefix-caching, as vLLM spells them."""
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=True, help="share KV blocks of equal prompt prefixes "
+                                           "(default: on)")
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +70,7 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
         token_budget=args.token_budget,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
 
 
@@ -87,6 +96,7 @@ SUMMARY_ROWS = (
     ("median_e2el_ms", "{:.1f}"), ("p99_e2el_ms", "{:.1f}"), ("goodput", "{:.2f}"),
     ("preemptions", "{:d}"), ("mean_batch_size", "{:.1f}"), ("max_batch_size", "{:d}"),
     ("mean_kv_usage", "{:.1%}"), ("slot_utilization", "{:.1%}"),
+    ("prefix_cache_hit_rate", "{:.1%}"),
 )
 
 

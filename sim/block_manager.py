@@ -1,10 +1,22 @@
-"""Paged KV-cache block accounting: a free list and one block table per request.
+"""Paged KV-cache block accounting: a free pool, one block table per request, prefix caching.
 
 The BlockManager owns block ids only; the executor's KV tensors are indexed by them, so the
 scheduler and the executor share one source of truth for where each token's KV lives.
+
+With caching on, each full block computed is registered under its content key (chained from
+its parent's, sim.block_hashes), blocks are reference-counted and shared by every request
+whose prefix matches, and a block no request holds any more stays cached, in an eviction
+queue, until a hit takes it back or the pool needs room. Only full blocks are shared, and
+only after the step that computed them: a block's KV is never read before it is written.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from sim.block_hashes import block_hashes, num_shareable_blocks
+from sim.core import Request
 
 
 class OutOfBlocksError(RuntimeError):
@@ -12,31 +24,54 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockManager:
-    """Allocates fixed-size KV blocks to requests and frees them, conserving the pool."""
+    """Allocates fixed-size KV blocks to requests and frees them, conserving the pool.
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    Every block is in exactly one state: fresh (never used, ids >= `_next_fresh`), empty (a
+    stack of used blocks without content worth keeping), evictable (cached, no holder;
+    least recently freed first, and a request's blocks enter deepest first) or held
+    (reference count > 0). Allocation takes empty, then fresh, then evicts.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # A stack: the most recently freed block is reused first (warm in cache).
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.enable_caching = enable_caching
         self._tables: dict[str, list[int]] = {}
+        self._ref = [0] * num_blocks  # requests holding each block
+        self._key: list = [None] * num_blocks  # content key of each cached block
+        self._empty: list[int] = []  # the most recently freed block is reused first
+        self._next_fresh = 0
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._cached: dict = {}  # content key -> block
+        self._num_keyed: dict[str, int] = {}  # leading blocks of a table that are registered
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take: empty, fresh and cached blocks nobody holds."""
+        return len(self._empty) + self.num_blocks - self._next_fresh + len(self._evictable)
+
+    @property
+    def num_clean_blocks(self) -> int:
+        """Free blocks holding no cached content: taking them evicts nothing."""
+        return len(self._empty) + self.num_blocks - self._next_fresh
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered under a content key, held or not."""
+        return len(self._cached)
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool in use, 0..1."""
-        return (self.num_blocks - len(self._free)) / self.num_blocks
+        """Fraction of the pool held by requests, 0..1 (cached blocks nobody holds are free)."""
+        return self.num_used_blocks / self.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold num_tokens tokens of KV."""
@@ -53,30 +88,75 @@ class BlockManager:
         if not self.try_allocate(request_id, num_tokens):
             missing = self.num_missing(request_id, num_tokens)
             raise OutOfBlocksError(
-                f"request {request_id}: needs {missing} more blocks, {len(self._free)} free"
+                f"request {request_id}: needs {missing} more blocks, "
+                f"{self.num_free_blocks} free"
             )
 
-    def try_allocate(self, request_id: str, num_tokens: int) -> bool:
-        """Like allocate, but return False and change nothing if the pool is short."""
+    def try_allocate(self, request_id: str, num_tokens: int,
+                     prefix: Sequence[int] = ()) -> bool:
+        """Grow request_id's table to hold num_tokens tokens, starting a new table with the
+        cached `prefix` blocks (from `cached_prefix`); False, changing nothing, if short."""
         table = self._tables.get(request_id)
-        missing = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
-        if missing <= 0:
+        if prefix and table is not None:
+            raise ValueError(f"request {request_id} already holds blocks; a prefix starts a table")
+        have = len(table) if table is not None else len(prefix)
+        missing = -(-num_tokens // self.block_size) - have
+        if missing <= 0 and not prefix:
             return True
-        free = self._free
-        if missing > len(free):
+        ref = self._ref
+        revived = sum(1 for block in prefix if ref[block] == 0)  # leave the evictable queue
+        if missing > self.num_free_blocks - revived:
             return False
         if table is None:
             table = self._tables[request_id] = []
-        table.extend(free[:-missing - 1:-1])  # the top of the stack first, as pops would
-        del free[-missing:]
+        for block in prefix:
+            if ref[block] == 0:
+                del self._evictable[block]
+            ref[block] += 1
+        table.extend(prefix)
+        if prefix:
+            self._num_keyed[request_id] = len(prefix)
+        if missing > 0:
+            self._take(table, missing)
         return True
 
+    def _take(self, table: list[int], count: int) -> None:
+        """Append count blocks nobody holds to table: empty first, then fresh, then evicted."""
+        empty = self._empty
+        reuse = min(count, len(empty))
+        if reuse:
+            table.extend(empty[:-reuse - 1:-1])  # the top of the stack first, as pops would
+            del empty[-reuse:]
+        fresh = min(count - reuse, self.num_blocks - self._next_fresh)
+        if fresh:
+            table.extend(range(self._next_fresh, self._next_fresh + fresh))
+            self._next_fresh += fresh
+        for _ in range(count - reuse - fresh):
+            block, _ = self._evictable.popitem(last=False)
+            del self._cached[self._key[block]]
+            self._key[block] = None
+            table.append(block)
+        ref = self._ref
+        for block in table[len(table) - count:]:
+            ref[block] = 1
+
     def free(self, request_id: str) -> None:
-        """Return all of request_id's blocks to the pool; raise if it holds none."""
+        """Release all of request_id's blocks; raise if it holds none.
+
+        A block nobody holds any more stays cached if it is registered, else it is empty.
+        """
         table = self._tables.pop(request_id, None)
         if table is None:
             raise KeyError(f"request {request_id} holds no blocks (double free?)")
-        self._free.extend(reversed(table))
+        self._num_keyed.pop(request_id, None)
+        ref, key, empty, evictable = self._ref, self._key, self._empty, self._evictable
+        for block in reversed(table):  # deepest first: evicted before its prefix
+            ref[block] -= 1
+            if ref[block] == 0:
+                if key[block] is None:
+                    empty.append(block)
+                else:
+                    evictable[block] = None
 
     def holds(self, request_id: str) -> bool:
         return request_id in self._tables
@@ -84,3 +164,65 @@ class BlockManager:
     def block_table(self, request_id: str) -> list[int]:
         """The ordered block ids holding request_id's KV: token t lives in table[t // size]."""
         return self._tables[request_id]
+
+    # ---- prefix caching ------------------------------------------------------------------
+
+    def cached_prefix(self, request: Request) -> list[int]:
+        """Blocks of the longest cached prefix of request's tokens, leaving at least its
+        last token to compute (that step samples the next token); [] with caching off."""
+        if not self.enable_caching or not self._cached:
+            return []
+        limit = (request.num_tokens - 1) // self.block_size
+        if not request.num_preemptions:  # only its own recompute can find unshared blocks
+            limit = min(limit, num_shareable_blocks(request, self.block_size))
+        # All keys at once: every full block of the request is registered once computed.
+        keys = block_hashes(request, limit, self.block_size)
+        cached = self._cached
+        blocks = []
+        for j in range(limit):
+            block = cached.get(keys[j])
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int, own: bool = False) -> None:
+        """Register request's blocks that its first num_tokens tokens fill, once computed.
+
+        Blocks with content nobody else can share (num_shareable_blocks) are registered only
+        with `own`: when the request is preempted, for its recompute to find them. Left out
+        otherwise, they go back empty when freed and never crowd shared blocks out.
+        """
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        done = self._num_keyed.get(rid, 0)
+        full = num_tokens // self.block_size
+        if not own:
+            full = min(full, num_shareable_blocks(request, self.block_size))
+        if full <= done:
+            return
+        keys = block_hashes(request, full, self.block_size)
+        table = self._tables[rid]
+        for j in range(done, full):
+            key = keys[j]
+            if key not in self._cached:  # the same content computed twice stays private
+                self._cached[key] = table[j]
+                self._key[table[j]] = key
+        self._num_keyed[rid] = full
+
+    def check(self) -> None:
+        """Assert the pool's invariants (tests): every block in exactly one state."""
+        held = [b for b in range(self.num_blocks) if self._ref[b] > 0]
+        assert all(count >= 0 for count in self._ref), "negative reference count"
+        free = self._empty + list(range(self._next_fresh, self.num_blocks)) + list(self._evictable)
+        assert len(set(free)) == len(free), "a block is free twice"
+        assert not set(free) & set(held), "a held block is also free"
+        assert len(free) + len(held) == self.num_blocks, "a block is lost"
+        owners = [0] * self.num_blocks
+        for table in self._tables.values():
+            for block in table:
+                owners[block] += 1
+        assert owners == self._ref, "reference counts differ from the block tables"
+        assert all(self._key[b] is not None for b in self._evictable), "uncached evictable block"
+        assert all(self._key[b] == k for k, b in self._cached.items()), "cache map out of sync"

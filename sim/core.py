@@ -60,6 +60,9 @@ class Request:
     max_new_tokens: int
     prompt_token_ids: list[int] | None = None  # None in pure simulation
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Trace prefix ids, one per PREFIX_BLOCK_TOKENS prompt tokens: equal ids, equal content.
+    # Pure simulation keys its cached blocks by them; None: the prompt shares nothing.
+    prefix_hash_ids: tuple[int, ...] | None = None
     # Mutable state, owned by the Scheduler.
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -70,6 +73,8 @@ class Request:
     first_scheduled_s: float | None = None
     finish_s: float | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    block_hashes: list = field(default_factory=list)  # content keys of its full KV blocks
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:

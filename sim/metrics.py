@@ -47,13 +47,14 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
         rows.append((
             r.request_id, r.arrival_s, r.prompt_len, r.max_new_tokens, n,
             r.first_scheduled_s if r.first_scheduled_s is not None else np.nan,
-            first, finish, r.num_preemptions,
+            first, finish, r.num_preemptions, r.num_cached_tokens,
             r.finish_reason.value if r.finish_reason is not None else "unfinished",
             r.finish_detail,
         ))
     table = pd.DataFrame(rows, columns=[
         "request_id", "arrival_s", "prompt_len", "max_new_tokens", "output_len",
-        "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "finish_reason",
+        "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
+        "num_cached_tokens", "finish_reason",
         "finish_detail",
     ])
     table["ttft_ms"] = (table["first_token_s"] - table["arrival_s"]) * 1e3
@@ -82,6 +83,14 @@ def inter_token_latencies_ms(requests: list[Request]) -> np.ndarray:
     keep = np.ones(flat.size - 1, dtype=bool)
     keep[np.cumsum(lengths)[:-1] - 1] = False
     return np.diff(flat)[keep] * 1e3
+
+
+def prefix_cache_hit_rate(table: pd.DataFrame) -> float:
+    """Prompt tokens found in the prefix cache at first admission, over the prompt tokens of
+    every admitted request (0 when none was admitted)."""
+    admitted = table[table["first_scheduled_s"].notna()]
+    prompt = int(admitted["prompt_len"].sum())
+    return int(admitted["num_cached_tokens"].sum()) / prompt if prompt else 0.0
 
 
 def _stats(name: str, values: np.ndarray, out: dict) -> None:
@@ -115,6 +124,7 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "request_throughput": len(done) / duration_s,
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,
+        "prefix_cache_hit_rate": prefix_cache_hit_rate(table),
     }
     _stats("ttft", done["ttft_ms"].to_numpy(dtype=float), out)
     _stats("tpot", done["tpot_ms"].to_numpy(dtype=float), out)

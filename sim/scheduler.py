@@ -35,6 +35,8 @@ class SchedulerConfig:
     # chunking a whole prompt must fit one step). `static` prefills its whole batch in one
     # step and is bounded by max_num_seqs and KV instead.
     token_budget: int | None = None
+    # Share full KV blocks by content (vLLM's automatic prefix caching, on by default there).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -75,10 +77,16 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go to the front
         self.running: list[Request] = []  # admission order: the newest is evicted first
         self.num_preemptions = 0
+        # Prefix cache lookups at admission, in tokens, as vLLM counts them: every admission
+        # (a recompute after preemption too) queries its whole sequence.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._caching = config.enable_prefix_caching
         self._live: dict[str, Request] = {}  # unfinished requests by id
         self._budget = config.budget
         self._chunked = config.policy == "chunked"
@@ -221,6 +229,8 @@ class Scheduler:
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
             remove_from_plan(plan, victim, n)
+        if self._caching:  # its recompute may find the blocks it computed
+            self.block_manager.cache_blocks(victim, victim.num_computed_tokens, own=True)
         self.block_manager.free(victim.request_id)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
@@ -236,23 +246,31 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while waiting and budget > 0 and len(self.running) < max_seqs:
             request = waiting[0]
-            n = request.num_tokens - request.num_computed_tokens
+            prefix = bm.cached_prefix(request) if self._caching else ()
+            cached = len(prefix) * bm.block_size
+            n = request.num_tokens - cached
             if n > budget:
                 if not self._chunked:
                     break  # FCFS: the head waits for a step with room for its whole prompt
                 n = budget
-            need = request.prompt_len + request.max_new_tokens if self._reserve else n
-            if not bm.try_allocate(request.request_id, need):
+            need = request.prompt_len + request.max_new_tokens if self._reserve else cached + n
+            if not bm.try_allocate(request.request_id, need, prefix):
                 break
             waiting.popleft()
-            self._start(request, plan, now)
+            self._start(request, plan, now, cached)
             add_to_plan(plan, request, n)
             budget -= n
 
-    def _start(self, request: Request, plan: BatchPlan, now: float) -> None:
+    def _start(self, request: Request, plan: BatchPlan, now: float, cached: int) -> None:
+        """Running from now, its first `cached` tokens' KV found in the prefix cache."""
         request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = cached
+        if self._caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += cached
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now
+            request.num_cached_tokens = cached
         self.running.append(request)
         plan.admitted.append(request.request_id)
 
@@ -262,14 +280,15 @@ class Scheduler:
             bm = self.block_manager
             while self.waiting and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
+                prefix = bm.cached_prefix(request) if self._caching else ()
                 need = request.prompt_len + request.max_new_tokens
-                if not bm.try_allocate(request.request_id, need):
+                if not bm.try_allocate(request.request_id, need, prefix):
                     break
                 self.waiting.popleft()
-                self._start(request, plan, now)
+                self._start(request, plan, now, len(prefix) * bm.block_size)
         if plan.admitted:  # the batch's prefill step
             for request in self.running:
-                add_to_plan(plan, request, request.num_tokens)
+                add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
         else:
             add_decodes(plan, self.running)
         if self._padding:  # finished rows: computed like decodes, their totals kept running
@@ -285,10 +304,14 @@ class Scheduler:
         sampled = result.sampled_token_ids
         finished: list[Request] = []
         static = self._static
+        block_size = self.block_manager.block_size
+        cache_blocks = self.block_manager.cache_blocks if self._caching else None
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             computed = request.num_computed_tokens + n
             request.num_computed_tokens = computed
+            if cache_blocks and computed // block_size != (computed - n) // block_size:
+                cache_blocks(request, computed)  # blocks filled this step join the cache
             times = request.token_times_s
             if computed != request.prompt_len + len(times):
                 continue  # a prefill chunk that did not reach the end of the sequence

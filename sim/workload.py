@@ -1,4 +1,5 @@
-"""Turn a workloads Trace into scheduler Requests (trace output length = max_new_tokens)."""
+"""Turn a workloads Trace into scheduler Requests (trace output length = max_new_tokens,
+prefix hash ids kept for prefix caching)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
     sampling.seed and its id, so no two requests share a random stream.
     """
     params = sampling or SamplingParams()
+    hashes = (trace.table["prefix_hash_ids"].map(tuple).tolist() if trace.has_prefix_hashes
+              else [None] * len(trace))
     rows = zip(trace.request_ids, trace.arrival_s.tolist(), trace.prompt_len.tolist(),
-               trace.output_len.tolist(), strict=True)
+               trace.output_len.tolist(), hashes, strict=True)
     if not seed_requests:
-        return [Request(rid, t, p, o, sampling=params) for rid, t, p, o in rows]
+        return [Request(rid, t, p, o, sampling=params, prefix_hash_ids=h)
+                for rid, t, p, o, h in rows]
     return [
-        Request(rid, t, p, o,
+        Request(rid, t, p, o, prefix_hash_ids=h,
                 sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
-        for rid, t, p, o in rows
+        for rid, t, p, o, h in rows
     ]

@@ -55,6 +55,7 @@ class SweepContext:
     block_size: int = 16
     max_model_len: int = 8192
     slo: Slo | None = None  # goodput SLOs, if any
+    enable_prefix_caching: bool = True
 
     def config(self, point: SweepPoint) -> SchedulerConfig:
         return SchedulerConfig(
@@ -64,6 +65,7 @@ class SweepContext:
             max_num_seqs=point.max_num_seqs,
             max_model_len=self.max_model_len,
             token_budget=point.token_budget,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
 

@@ -22,7 +22,7 @@ from tests.executor.helpers import make_request
 
 def test_static_points_plan_their_padding_like_the_static_scheduler():
     sched = Scheduler(SchedulerConfig(policy="static", num_blocks=64, max_model_len=256,
-                                      max_num_seqs=4))
+                                      max_num_seqs=4, enable_prefix_caching=False))
     lengths = {"a": (20, 1), "b": (30, 4), "c": (12, 4)}  # a finishes first: padding after
     for rid, (prompt, out) in lengths.items():
         sched.add(make_request(rid, prompt, max_new_tokens=out))

@@ -14,19 +14,58 @@ from sim.simulation import run_trace
 
 
 def check_blocks(sched: Scheduler) -> None:
-    """Every block is either free or in exactly one live table; none twice."""
+    """Every block is free, cached-free or held, once; reference counts match the tables."""
     bm = sched.block_manager
-    owned = [b for table in bm._tables.values() for b in table]
-    assert len(owned) == len(set(owned))
-    assert not set(owned) & set(bm._free)
-    assert len(owned) + bm.num_free_blocks == bm.num_blocks
+    bm.check()
     holders = sched.running + sched._padding  # static padding rows keep KV until batch end
     assert set(bm._tables) <= {r.request_id for r in holders}
 
 
+class KVContent:
+    """The test's own record of which token each KV slot holds, written as steps compute."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.slots: dict[tuple[int, int], int] = {}  # (block, offset) -> token id
+
+    def write(self, sched: Scheduler, plan) -> None:
+        bs = self.block_size
+        for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
+            table = sched.block_manager.block_table(request.request_id)
+            tokens = request.token_ids()
+            for pos in range(request.num_computed_tokens, request.num_computed_tokens + n):
+                self.slots[table[pos // bs], pos % bs] = tokens[pos]
+
+    def check(self, sched: Scheduler) -> None:
+        """Every computed token of every running request reads its own token's KV."""
+        bs = self.block_size
+        for request in sched.running:
+            table = sched.block_manager.block_table(request.request_id)
+            tokens = request.token_ids()
+            for pos in range(request.num_computed_tokens):
+                assert self.slots.get((table[pos // bs], pos % bs)) == tokens[pos], (
+                    f"request {request.request_id} reads wrong KV at position {pos}")
+
+
+# Prompts are drawn from a few shared stems so that prefix-cache hits are frequent.
+STEMS = [[7] * 64, [7] * 8 + [3] * 56, list(range(10, 74))]
+
+
+def prompt_tokens(stem: int, length: int, salt: int) -> list[int]:
+    tokens = STEMS[stem][:length]
+    return tokens + [100 + (salt * 31 + i) % 50 for i in range(length - len(tokens))]
+
+
+def sampled(plan) -> dict[str, int]:
+    """A fixed next token per (request, position): what a greedy model would produce."""
+    return {r.request_id: 200 + (len(r.request_id) * 7 + r.num_tokens) % 3
+            for r, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True)
+            if r.num_computed_tokens + n == r.num_tokens}
+
+
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 120), st.integers(1, 40)),
+        st.tuples(st.just("add"), st.integers(1, 120), st.integers(1, 40), st.integers(0, 2)),
         st.tuples(st.just("abort"), st.integers(0, 30)),
         st.tuples(st.just("step"), st.integers(1, 4)),
     ),
@@ -35,21 +74,24 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(policy=st.sampled_from(POLICIES), operations=ops, num_blocks=st.integers(4, 40),
-       max_num_seqs=st.integers(1, 6))
+       max_num_seqs=st.integers(1, 6), caching=st.booleans())
 def test_blocks_conserved_and_limits_hold_under_random_arrivals_aborts_preemptions(
-    policy, operations, num_blocks, max_num_seqs
+    policy, operations, num_blocks, max_num_seqs, caching
 ):
     budget = None if policy in ("static", "continuous", "recompute") else 8 * max_num_seqs
     cfg = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=4,
-                          max_num_seqs=max_num_seqs, max_model_len=160, token_budget=budget)
+                          max_num_seqs=max_num_seqs, max_model_len=160, token_budget=budget,
+                          enable_prefix_caching=caching)
     sched = Scheduler(cfg)
+    content = KVContent(cfg.block_size)
     added: list[Request] = []
     now = 0.0
     for op in operations + [("step", 400)]:
         if op[0] == "add":
-            request = Request(str(len(added)), now, op[1], op[2])
+            tokens = prompt_tokens(op[3], op[1], len(added))
+            request = Request(str(len(added)), now, op[1], op[2], prompt_token_ids=tokens)
             sched.add(request)
             added.append(request)
         elif op[0] == "abort" and added:
@@ -65,16 +107,23 @@ def test_blocks_conserved_and_limits_hold_under_random_arrivals_aborts_preemptio
                 # Decoders: running requests whose whole sequence is in cache but the last token.
                 before = {r.request_id: r.num_output_tokens for r in sched.running
                           if r.num_tokens - r.num_computed_tokens == 1}
+                content.write(sched, plan)
                 now += 0.01
-                sched.update(plan, StepResult(0.01), now)
+                sched.update(plan, StepResult(0.01, sampled(plan)), now)
                 for r in plan.requests:  # a scheduled decoder advances by exactly one token
                     if r.request_id in before:
                         assert r.num_output_tokens == before[r.request_id] + 1
                 check_blocks(sched)
+                content.check(sched)
     assert not sched.has_unfinished
     assert sched.block_manager.num_free_blocks == num_blocks
+    assert not sched.block_manager._tables
+    if not caching:
+        assert sched.prefix_cache_hits == 0 and sched.block_manager.num_cached_blocks == 0
     for request in added:
         assert request.is_finished
+        assert 0 <= request.num_cached_tokens < max(request.prompt_len, 1) or (
+            request.first_scheduled_s is None)
         if request.finish_reason is FinishReason.LENGTH:
             assert request.num_output_tokens == request.max_new_tokens
 
