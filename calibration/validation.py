@@ -53,7 +53,6 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
     given, gets per policy a list of each run's executed (plan, seconds)."""
     from executor.replay import measured_run
 
-    prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
     measured: dict[str, list[RunResult]] = {policy: [] for policy in configs}
     for round_ in range(repeats):
         order = list(configs) if round_ % 2 == 0 else list(reversed(configs))
@@ -64,7 +63,7 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
             if step_logs is not None:
                 step_logs.setdefault(policy, []).append(log := [])
             measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
-                                                 model, seed, prefixes, on_step, log,
+                                                 model, seed, on_step, log,
                                                  on_backend))
     return measured
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.core import Request
+from workloads.trace import PREFIX_BLOCK_TOKENS
 
 FIRST_TOKEN_ID = 3  # skip the ids tokenizers usually reserve (pad, bos, eos)
 _HASH_DOMAIN = 0x5E7E1AB  # keeps hash-block streams apart from request streams
@@ -27,7 +28,7 @@ def stable_seed(key: int | str) -> int:
 
 def synth_prompt_tokens(key: int | str, prompt_len: int, vocab_size: int,
                         prefix_hash_ids: Sequence[int] | None = None,
-                        hash_block_tokens: int = 512) -> list[int]:
+                        hash_block_tokens: int = PREFIX_BLOCK_TOKENS) -> list[int]:
     """prompt_len token ids in [3, vocab_size): hash block i from id i alone, the rest from key."""
     if prompt_len < 0 or hash_block_tokens < 1:
         raise ValueError(f"prompt_len must be >= 0 and hash_block_tokens >= 1, got "
@@ -50,12 +51,12 @@ def synth_prompt_tokens(key: int | str, prompt_len: int, vocab_size: int,
     return np.concatenate(parts).astype(np.int64).tolist() if parts else []
 
 
-def attach_prompt_tokens(requests: Sequence[Request], vocab_size: int, seed: int = 0,
-                         prefix_hash_ids: Sequence[Sequence[int] | None] | None = None) -> None:
-    """Give every request without prompt_token_ids synthetic ones (keyed by seed and id)."""
-    for i, request in enumerate(requests):
+def attach_prompt_tokens(requests: Sequence[Request], vocab_size: int, seed: int = 0) -> None:
+    """Give every request without prompt_token_ids synthetic ones (keyed by seed and id;
+    equal prefix hash ids give equal tokens, so the prefix cache finds what the trace shares)."""
+    for request in requests:
         if request.prompt_token_ids is not None:
             continue
-        hashes = prefix_hash_ids[i] if prefix_hash_ids is not None else None
         key = f"{seed}:{request.request_id}"
-        request.prompt_token_ids = synth_prompt_tokens(key, request.prompt_len, vocab_size, hashes)
+        request.prompt_token_ids = synth_prompt_tokens(key, request.prompt_len, vocab_size,
+                                                       request.prefix_hash_ids)

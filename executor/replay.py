@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from executor.backend import ModelBackend
 from executor.model import Transformer
@@ -14,14 +14,14 @@ from sim.simulation import RunResult, run_trace
 
 
 def measured_run(requests: list[Request], config: SchedulerConfig, model: Transformer,
-                 seed: int = 0, prefix_hash_ids: Sequence[Sequence[int] | None] | None = None,
+                 seed: int = 0,
                  on_step: Callable[[float, list[Request]], None] | None = None,
                  step_log: list[tuple[BatchPlan, float]] | None = None,
                  on_backend: Callable[[ModelBackend], None] | None = None) -> RunResult:
     """Replay requests on the model; the clock advances by each step's measured duration.
     step_log, if given, receives every step's (plan, seconds); on_backend, the run's
     backend before its first step."""
-    attach_prompt_tokens(requests, model.args.vocab_size, seed, prefix_hash_ids)
+    attach_prompt_tokens(requests, model.args.vocab_size, seed)
     scheduler = Scheduler(config)
     backend = ModelBackend(model, scheduler.block_manager, step_log=step_log)
     if on_backend is not None:

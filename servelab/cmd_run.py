@@ -56,10 +56,9 @@ def _run(args: argparse.Namespace) -> int:
     requests = requests_from_trace(trace, sampling, seed_requests=True)
     from executor.replay import measured_run
 
-    prefixes = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
     bar = tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False, disable=None)
     start = time.perf_counter()
-    result = measured_run(requests, config, loaded.model, args.seed, prefixes,
+    result = measured_run(requests, config, loaded.model, args.seed,
                           on_step=lambda _now, done: bar.update(len(done)))
     wall_s = time.perf_counter() - start
     bar.close()

@@ -1,5 +1,6 @@
 """The non-negotiable: every request's output, greedy or seeded sampling, is identical to
-running it alone, under every policy, including chunked prefill and preemption + recompute."""
+running it alone, under every policy, including chunked prefill, preemption + recompute and
+prompts whose prefix KV comes from the prefix cache."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import numpy as np
 import pytest
 
 from executor.backend import ModelBackend
+from executor.prompts import synth_prompt_tokens
 from sim.core import BatchPlan, Request, SamplingParams, StepResult
 from sim.engine import Engine
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import run_trace
-from tests.executor.helpers import make_request
+from tests.executor.helpers import TINY, make_request
 
 STEP_S = 0.001  # a fixed clock: batch composition must not hang on measured times
 MAX_MODEL_LEN = 128
@@ -30,35 +32,60 @@ class FixedClock:
         self.backend.free(request)
 
 
-def workload() -> list[Request]:
-    """12 requests arriving over ~30 steps; odd ones sample (temperature, top-k, top-p)."""
+SYSTEM_PROMPT = synth_prompt_tokens("system", 40, TINY.vocab_size)
+
+
+def workload(shared_prefixes: bool = False) -> list[Request]:
+    """12 requests arriving over ~30 steps; odd ones sample (temperature, top-k, top-p).
+
+    With shared_prefixes, two in three start with one 40-token system prompt, and r0's prompt
+    comes back whole as r9's: the prefix cache serves their first blocks."""
     rng = np.random.default_rng(5)
     requests = []
     for i in range(12):
         sampling = SamplingParams() if i % 2 == 0 else SamplingParams(
             temperature=0.9, top_k=40, top_p=0.95, seed=100 + i)
-        requests.append(make_request(
+        request = make_request(
             f"r{i}", int(rng.integers(3, 70)), int(rng.integers(4, 25)), sampling,
             arrival_s=float(round(rng.uniform(0, 30)) * STEP_S),
-        ))
+        )
+        if shared_prefixes and i % 3:
+            request.prompt_token_ids = SYSTEM_PROMPT + request.prompt_token_ids[:30]
+            request.prompt_len = len(request.prompt_token_ids)
+        requests.append(request)
+    if shared_prefixes:
+        first, again = requests[0], requests[9]
+        again.prompt_token_ids, again.prompt_len = list(first.prompt_token_ids), first.prompt_len
+        again.arrival_s = max(again.arrival_s, first.arrival_s + 10 * STEP_S)
     return sorted(requests, key=lambda r: r.arrival_s)
 
 
-def run(model, requests: list[Request], **config) -> tuple[dict[str, list[int]], int]:
+def run(model, requests: list[Request], **config) -> tuple[dict[str, list[int]], Scheduler]:
     scheduler = Scheduler(SchedulerConfig(block_size=16, max_model_len=MAX_MODEL_LEN, **config))
     engine = Engine(scheduler, FixedClock(ModelBackend(model, scheduler.block_manager)))
-    result = run_trace(requests, engine)
+    run_trace(requests, engine)
     assert all(r.num_output_tokens == r.max_new_tokens for r in requests)
-    return {r.request_id: r.output_token_ids for r in requests}, result.num_preemptions
+    return {r.request_id: r.output_token_ids for r in requests}, scheduler
+
+
+def alone(model, requests: list[Request]) -> dict[str, list[int]]:
+    """Each request's output run by itself, nothing cached."""
+    outputs = {}
+    for request in requests:
+        request.arrival_s = 0.0
+        outputs.update(run(model, [request], policy="continuous", num_blocks=16,
+                           enable_prefix_caching=False)[0])
+    return outputs
 
 
 @pytest.fixture(scope="module")
 def outputs_alone(tiny_model) -> dict[str, list[int]]:
-    outputs = {}
-    for request in workload():
-        request.arrival_s = 0.0
-        outputs.update(run(tiny_model, [request], policy="continuous", num_blocks=16)[0])
-    return outputs
+    return alone(tiny_model, workload())
+
+
+@pytest.fixture(scope="module")
+def shared_outputs_alone(tiny_model) -> dict[str, list[int]]:
+    return alone(tiny_model, workload(shared_prefixes=True))
 
 
 POLICIES = {
@@ -72,9 +99,21 @@ POLICIES = {
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_outputs_match_running_alone(tiny_model, outputs_alone, name):
-    outputs, preemptions = run(tiny_model, workload(), **POLICIES[name])
+    outputs, scheduler = run(tiny_model, workload(), **POLICIES[name])
     if name in ("recompute", "chunked"):
-        assert preemptions > 0
+        assert scheduler.num_preemptions > 0
     mismatched = [rid for rid in outputs_alone if outputs[rid] != outputs_alone[rid]]
     assert not mismatched, f"{name}: outputs differ from running alone for {mismatched}"
     assert any(len(set(tokens)) > 1 for tokens in outputs.values())
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_outputs_with_prefix_cache_hits_match_running_alone(tiny_model, shared_outputs_alone,
+                                                            name):
+    requests = workload(shared_prefixes=True)
+    outputs, scheduler = run(tiny_model, requests, **POLICIES[name])
+    assert scheduler.prefix_cache_hits > 0
+    assert sum(r.num_cached_tokens for r in requests) > 0  # hits at first admission too
+    mismatched = [rid for rid in shared_outputs_alone
+                  if outputs[rid] != shared_outputs_alone[rid]]
+    assert not mismatched, f"{name}: cached prefixes changed the outputs of {mismatched}"

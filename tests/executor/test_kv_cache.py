@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sim.block_manager import BlockManager
+from sim.core import Request
 from tests.executor.helpers import Driver, make_request
 
 ATOL = 1e-5  # float32; in practice the paths agree bit for bit (see test_batch_numerics.py)
@@ -68,3 +70,20 @@ def test_only_logit_rows_are_computed(tiny_model):
     assert logits.shape == (1, tiny_model.args.vocab_size)
     torch.testing.assert_close(logits[0], full_prefill(tiny_model, "b", 6)[-1], atol=ATOL, rtol=0)
     assert driver.step([(a, 3)], all_logits=False).shape == (0, tiny_model.args.vocab_size)
+
+
+def test_suffix_over_a_cached_prefix_matches_full_prefill_bit_for_bit(tiny_model):
+    driver = Driver(tiny_model, num_blocks=64)
+    bm = driver.block_manager = BlockManager(64, 16, enable_caching=True)
+    first = make_request("a", 64)
+    driver.step([(first, 64)])
+    bm.cache_blocks(first, 64)
+    tokens = first.prompt_token_ids[:48] + make_request("b", 20).prompt_token_ids
+    second = Request("b", 0.0, len(tokens), 4, prompt_token_ids=tokens)
+    prefix = bm.cached_prefix(second)
+    assert len(prefix) == 3 and bm.try_allocate("b", len(tokens), prefix)
+    second.num_computed_tokens = 48
+    suffix = driver.step([(second, 20)])
+    reference = Driver(tiny_model).step([(Request("b", 0.0, len(tokens), 4,
+                                                  prompt_token_ids=tokens), len(tokens))])
+    assert torch.equal(suffix, reference[48:])
