@@ -27,6 +27,7 @@ from serve.protocol import (
     finish_label,
     parse_completion,
     sse,
+    usage,
 )
 from serve.request_log import row_of
 from serve.state import ServeState
@@ -180,14 +181,14 @@ async def _stream(state: ServeState, request: Request, sink: TokenSink,
             text = decoder.feed(event.token_ids, final=reason is not None)
             ids = event.token_ids if with_ids else None
             if reason is None:
-                yield sse(completion(rid, created, model, text, None, ids, request.prompt_len))
+                yield sse(completion(rid, created, model, text, None, ids))
                 continue
             if text or event.token_ids:  # the last tokens go out before the log commit
-                yield sse(completion(rid, created, model, text, None, ids, request.prompt_len))
+                yield sse(completion(rid, created, model, text, None, ids))
             await _durable(state, sink)
             finished = True
             yield sse(completion(rid, created, model, "", finish_label(reason),
-                                 [] if with_ids else None, request.prompt_len, num_out))
+                                 [] if with_ids else None, _usage(request, num_out)))
         yield SSE_DONE
     finally:
         if not finished:  # the client went away (or the server is closing the stream)
@@ -213,9 +214,16 @@ async def _collect(state: ServeState, http: HttpRequest, request: Request, sink:
     await _durable(state, sink)
     text = decoder.feed(tokens, final=True)
     body = completion(request.request_id, int(time.time()), state.config.model_name, text,
-                      finish_label(reason), tokens if with_ids else None, request.prompt_len,
-                      len(tokens))
+                      finish_label(reason), tokens if with_ids else None,
+                      _usage(request, len(tokens)))
     return JSONResponse(body)
+
+
+def _usage(request: Request, completion_tokens: int) -> dict:
+    """The usage of a finished request."""
+    # num_cached_tokens is written once, by the engine thread at the first admission, before
+    # it posts any event of this request; the finish event read here came after it.
+    return usage(request.prompt_len, completion_tokens, request.num_cached_tokens)
 
 
 async def _abort_on_disconnect(state: ServeState, http: HttpRequest, request_id: str) -> None:

@@ -294,8 +294,7 @@ class EngineThread:
             num_steps=self._num_steps, num_failed_steps=self._failed_steps,
         )
         if self.metrics is not None:
-            self.metrics.set_state(len(scheduler.running), len(scheduler.waiting), bm.usage,
-                                   scheduler.num_preemptions)
+            self.metrics.set_state(scheduler)
         with self._cond:
             self._waiting = len(scheduler.waiting)
             if not self._live and not self._inbox_adds:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sim.core import FinishReason, Request
+from sim.scheduler import Scheduler
 
 # vLLM's bucket boundaries, in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -46,14 +47,19 @@ class ServerMetrics:
                              "Gap between consecutive tokens of one request.", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds",
                              "Arrival to finish of a request.", E2E_BUCKETS)
-        self.preemptions = counter("vllm:num_preemptions", "Preemptions by recompute.")
+        self.preemptions = _RunningTotal(
+            counter("vllm:num_preemptions", "Preemptions by recompute."))
+        self.prefix_cache_queries = _RunningTotal(counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache lookups in tokens: every admission queries its whole sequence."))
+        self.prefix_cache_hits = _RunningTotal(counter(
+            "vllm:prefix_cache_hits", "Tokens of prefix cache lookups found in the cache."))
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
         success = Counter("vllm:request_success", "Finished requests by finish reason.",
                           ["model_name", "finished_reason"], registry=reg)
         self._success = {reason: success.labels(model_name, reason.value)
                          for reason in FinishReason}
-        self._preemptions_seen = 0
 
     def on_tokens(self, request: Request, first_new: int) -> None:
         """Record tokens first_new.. of a request (its first token also counts the prompt)."""
@@ -72,15 +78,32 @@ class ServerMetrics:
         if request.finish_s is not None:
             self.e2e.observe(request.finish_s - request.arrival_s)
 
-    def set_state(self, running: int, waiting: int, kv_usage: float, preemptions: int) -> None:
-        """The scheduler's state after a step; `preemptions` is its running total."""
-        self.running.set(running)
-        self.waiting.set(waiting)
-        self.kv_usage.set(kv_usage)
-        if preemptions > self._preemptions_seen:
-            self.preemptions.inc(preemptions - self._preemptions_seen)
-            self._preemptions_seen = preemptions
+    def set_state(self, scheduler: Scheduler) -> None:
+        """The scheduler's state after a step (engine thread: the scheduler's owner)."""
+        self.running.set(len(scheduler.running))
+        self.waiting.set(len(scheduler.waiting))
+        self.kv_usage.set(scheduler.block_manager.usage)
+        self.preemptions.set(scheduler.num_preemptions)
+        self.prefix_cache_queries.set(scheduler.prefix_cache_queries)
+        self.prefix_cache_hits.set(scheduler.prefix_cache_hits)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
         return generate_latest(self.registry)
+
+
+class _RunningTotal:
+    """A counter that follows a running total kept elsewhere (the scheduler's).
+
+    Prometheus counters only go up by increments, so each update adds the growth since the
+    last one; only the engine thread calls `set`, so `_seen` needs no lock.
+    """
+
+    def __init__(self, counter: Counter) -> None:
+        self._counter = counter
+        self._seen = 0
+
+    def set(self, total: int) -> None:
+        if total > self._seen:
+            self._counter.inc(total - self._seen)
+            self._seen = total

@@ -98,22 +98,24 @@ def finish_label(reason: FinishReason) -> str:
     return reason.value
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; prompt_tokens includes the cached_tokens the prefix cache served."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion(request_id: str, created: int, model: str, text: str, finish: str | None,
-               token_ids: list[int] | None, prompt_tokens: int,
-               completion_tokens: int | None = None) -> dict[str, Any]:
-    """A completion object; `completion_tokens` set adds usage (non-streamed or last chunk)."""
+               token_ids: list[int] | None, usage: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """A completion object; `usage` rides the non-streamed body and the last chunk only."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     body: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created,
                             "model": model, "choices": [choice]}
-    if completion_tokens is not None:
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+    if usage is not None:
+        body["usage"] = usage
     return body
 
 

@@ -12,6 +12,7 @@ NAMES = (
     "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
     "vllm:e2e_request_latency_seconds_bucket", "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
 )
 
 
@@ -52,6 +53,9 @@ def test_metrics_parse_and_count_served_requests(server):
     assert delta("vllm:time_to_first_token_seconds_count") == 3
     assert delta("vllm:inter_token_latency_seconds_count") == 12
     assert delta("vllm:e2e_request_latency_seconds_count") == 3
+    # Each admission queries its 4 tokens; a prompt shorter than a block is never cached.
+    assert delta("vllm:prefix_cache_queries_total") == 12
+    assert delta("vllm:prefix_cache_hits_total") == 0
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
     assert health(server.url)["kv_blocks_used"] == 0
 

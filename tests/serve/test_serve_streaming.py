@@ -56,8 +56,10 @@ def test_streamed_tokens_equal_offline_engine(tiny_model, policy, num_blocks):
     for (ids, last), body, want in zip(results, bodies, expected, strict=True):
         assert ids == want
         usage = last["usage"]
+        # Every prompt starts with its own token, so none shares a cached block.
         assert usage == {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(want),
-                         "total_tokens": len(body["prompt"]) + len(want)}
+                         "total_tokens": len(body["prompt"]) + len(want),
+                         "prompt_tokens_details": {"cached_tokens": 0}}
         finish = "length" if len(want) == body["max_tokens"] else "stop"
         assert last["choices"][0]["finish_reason"] == finish
     if policy == "recompute":
@@ -74,7 +76,8 @@ def test_non_streamed_response_carries_usage_and_text(server):
     choice = data["choices"][0]
     assert data["object"] == "text_completion" and data["model"] == "tiny"
     assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 6
-    assert data["usage"] == {"prompt_tokens": 15, "completion_tokens": 6, "total_tokens": 21}
+    assert data["usage"] == {"prompt_tokens": 15, "completion_tokens": 6, "total_tokens": 21,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # < one block
     assert isinstance(choice["text"], str)
 
 
