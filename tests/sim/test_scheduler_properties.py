@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from sim.core import FinishReason, Request, StepResult
@@ -74,12 +74,39 @@ ops = st.lists(
 )
 
 
+# Many requests on few shared stems in a small pool: hits, evictions and preemptions mix.
+shared_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(20, 120), st.integers(1, 30), st.integers(0, 2)),
+        st.tuples(st.just("abort"), st.integers(0, 30)),
+        st.tuples(st.just("step"), st.integers(1, 8)),
+    ),
+    min_size=10,
+    max_size=60,
+).filter(lambda operations: sum(op[0] == "add" for op in operations) >= 4)
+
+
 @settings(max_examples=80, deadline=None)
 @given(policy=st.sampled_from(POLICIES), operations=ops, num_blocks=st.integers(4, 40),
        max_num_seqs=st.integers(1, 6), caching=st.booleans())
 def test_blocks_conserved_and_limits_hold_under_random_arrivals_aborts_preemptions(
     policy, operations, num_blocks, max_num_seqs, caching
 ):
+    exercise(policy, operations, num_blocks, max_num_seqs, caching)
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=st.sampled_from(POLICIES), operations=shared_ops,
+       num_blocks=st.integers(31, 60), max_num_seqs=st.integers(2, 6))
+def test_prefix_cache_hits_read_their_own_tokens_and_conserve_blocks(
+    policy, operations, num_blocks, max_num_seqs
+):
+    exercise(policy, operations, num_blocks, max_num_seqs, caching=True)
+
+
+def exercise(policy: str, operations: list, num_blocks: int, max_num_seqs: int,
+             caching: bool) -> None:
+    """Apply the operations, then step until done, checking every invariant after each step."""
     budget = None if policy in ("static", "continuous", "recompute") else 8 * max_num_seqs
     cfg = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=4,
                           max_num_seqs=max_num_seqs, max_model_len=160, token_budget=budget,
@@ -118,6 +145,8 @@ def test_blocks_conserved_and_limits_hold_under_random_arrivals_aborts_preemptio
     assert not sched.has_unfinished
     assert sched.block_manager.num_free_blocks == num_blocks
     assert not sched.block_manager._tables
+    event(f"prefix cache hits: {sched.prefix_cache_hits > 0}, preemptions: "
+          f"{sched.num_preemptions > 0}")
     if not caching:
         assert sched.prefix_cache_hits == 0 and sched.block_manager.num_cached_blocks == 0
     for request in added:
