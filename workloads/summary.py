@@ -1,4 +1,5 @@
-"""Trace statistics: counts, rate, burstiness and length percentiles, as a table or JSON."""
+"""Trace statistics: counts, rate, burstiness, length percentiles and prefix reuse, as a
+table or JSON."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from workloads.trace import Trace
+from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class TraceSummary:
     output_len_p99: float
     prefix_blocks: int | None = None  # prefix block ids in all rows (None without ids)
     unique_prefix_blocks: int | None = None
+    # Prefix cache hit rate with an unbounded KV pool (prefix_reuse_ceiling); None without ids.
+    prefix_reuse_ceiling: float | None = None
 
     def to_dict(self) -> dict:
         """Plain JSON-ready values."""
@@ -39,10 +42,11 @@ def summarize(trace: Trace) -> TraceSummary:
     gaps_s = np.diff(arrival_s)
     span_s = trace.span_s
     cv = float(gaps_s.std() / gaps_s.mean()) if len(gaps_s) and gaps_s.mean() > 0 else None
-    blocks = unique = None
+    blocks = unique = ceiling = None
     if trace.has_prefix_hashes:
         ids = [block for row in trace.table["prefix_hash_ids"] for block in row]
         blocks, unique = len(ids), len(set(ids))
+        ceiling = prefix_reuse_ceiling(trace)
     return TraceSummary(
         name=trace.name,
         requests=len(trace),
@@ -58,7 +62,41 @@ def summarize(trace: Trace) -> TraceSummary:
         output_len_p99=float(np.percentile(output, 99)),
         prefix_blocks=blocks,
         unique_prefix_blocks=unique,
+        prefix_reuse_ceiling=ceiling,
     )
+
+
+def prefix_reuse_ceiling(trace: Trace, block_size: int = 16) -> float:
+    """Share of prompt tokens a prefix cache that never evicts could serve (0 without ids).
+
+    In arrival order, a request reuses the longest prefix of its hash ids that begins some
+    earlier request's ids; of that, only full KV blocks of `block_size` tokens count, and at
+    least one prompt token is always computed (the step that samples the first token).
+    """
+    if block_size < 1:
+        raise ValueError(f"prefix_reuse_ceiling: block_size must be >= 1, got {block_size}")
+    prompt = trace.prompt_len
+    if not trace.has_prefix_hashes or not prompt.sum():
+        return 0.0  # a prompt no id covers is its request's own content
+    root: dict[int, dict] = {}  # a trie of every earlier request's ids
+    cached = 0
+    for ids, prompt_len in zip(trace.table["prefix_hash_ids"], prompt.tolist(), strict=True):
+        matched = _match_and_insert(root, ids)
+        cached += min(matched * PREFIX_BLOCK_TOKENS, (prompt_len - 1) // block_size * block_size)
+    return cached / int(prompt.sum())
+
+
+def _match_and_insert(root: dict[int, dict], ids: list[int]) -> int:
+    """How many leading ids the trie holds; then add the rest, so the trie holds all of ids."""
+    node, matched = root, 0
+    for block in ids:
+        child = node.get(block)
+        if child is None:
+            break
+        node, matched = child, matched + 1
+    for block in ids[matched:]:
+        node = node.setdefault(block, {})
+    return matched
 
 
 def format_summary(summary: TraceSummary) -> str:
@@ -78,6 +116,10 @@ def format_summary(summary: TraceSummary) -> str:
     if summary.prefix_blocks is not None:
         lines.append(
             f"prefix_blocks    {summary.prefix_blocks} ({summary.unique_prefix_blocks} unique)"
+        )
+        lines.append(
+            f"prefix_ceiling   {number(summary.prefix_reuse_ceiling, 4)} "
+            "(prefix reuse ceiling: hit rate with an unbounded KV pool)"
         )
     lines.append(f"{'tokens':<12}{'mean':>10}{'p50':>10}{'p99':>10}")
     for label, values in (

@@ -58,6 +58,7 @@ def test_mooncake_summary_and_prefix_hashes(mooncake_trace: Trace) -> None:
         768,
     )
     assert (s.prefix_blocks, s.unique_prefix_blocks) == (121_877, 43_924)
+    assert round(s.prefix_reuse_ceiling, 5) == 0.65121  # the simulator's unbounded-pool hit rate
     blocks = [len(ids) for ids in mooncake_trace.table["prefix_hash_ids"]]
     expected = [math.ceil(n / PREFIX_BLOCK_TOKENS) for n in mooncake_trace.prompt_len]
     assert blocks == expected
