@@ -1,7 +1,8 @@
-"""Charts of `servelab report` sections 1-3; each title states the chart's finding.
+"""Charts of `servelab report` sections 1-3 and 6; each title states the chart's finding.
 
 Reads finished runs and summaries only (no torch): measured and simulated static vs
-continuous, the inter-token gaps around a long prompt, and an undersized KV pool.
+continuous, the inter-token gaps around a long prompt, an undersized KV pool, and prefix
+caching against pool size.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ _BATCHING_PANELS = (
     ("median_ttft_ms", "TTFT p50", "ms", 1.0),
     ("p95_ttft_ms", "TTFT p95", "ms", 1.0),
     ("slot_utilization", "slot utilization", "% of batch rows doing work", 100.0),
+)
+
+# (summary key, panel title, unit, scale) of the caching on/off panels.
+_CACHING_PANELS = (
+    ("median_ttft_ms", "TTFT p50", "s", 1e-3),
+    ("p99_ttft_ms", "TTFT p99", "s", 1e-3),
+    ("output_throughput", "output throughput", "tokens/s", 1.0),
 )
 
 
@@ -120,6 +128,41 @@ def starvation(runs: dict[str, dict[str, RunResult]], summaries: dict[str, dict[
     ax_lat.set_title("what the small pool costs")
     ax_lat.grid(axis="y", alpha=0.3)
     ax_lat.legend(fontsize=8)
+    fig.suptitle(f"{finding}\n{subtitle}")
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def prefix_caching(pools: list[int], hit_rate: list[float], ceiling: float, default_pool: int,
+                   runs: dict[str, dict], finding: str, subtitle: str, path: Path) -> Path:
+    """Hit rate against KV pool size with the ceiling and the default pool marked; TTFT and
+    output throughput of each run in `runs` (label -> summary), caching on solid, off hatched."""
+    fig = Figure(figsize=(18, 4.8), layout="constrained")
+    ax_hit, *bar_axes = fig.subplots(1, 4, width_ratios=(1.4, 1, 1, 1))
+    ax_hit.plot(pools, [100 * h for h in hit_rate], "o-", color="C0", label="simulated")
+    ax_hit.axhline(100 * ceiling, color="black", linestyle="--", linewidth=1,
+                   label=f"ceiling (unbounded cache) {ceiling:.1%}")
+    ax_hit.axvline(default_pool, color="C3", linestyle=":", linewidth=1.5,
+                   label=f"default pool, {default_pool:,} blocks")
+    ax_hit.set_xscale("log")
+    ax_hit.set_ylim(0, 100 * max(ceiling, *hit_rate) * 1.15 + 1)
+    ax_hit.set_xlabel("KV pool (blocks, log)")
+    ax_hit.set_ylabel("prompt tokens served from the cache (%)")
+    ax_hit.set_title("prefix cache hit rate")
+    ax_hit.grid(alpha=0.3)
+    ax_hit.legend(fontsize=8, loc="lower right")
+    labels = list(runs)
+    x = np.arange(len(labels))
+    style = {"color": [f"C{i // 2}" for i in range(len(labels))], "edgecolor": "black",
+             "linewidth": 0.5, "hatch": ["" if k.endswith("on") else "//" for k in labels]}
+    for ax, (key, name, unit, scale) in zip(bar_axes, _CACHING_PANELS, strict=True):
+        bars = ax.bar(x, [scale * runs[k][key] for k in labels], 0.6, **style)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.set_xticks(x, [k.replace(" blocks, caching ", "\n") for k in labels], fontsize=8)
+        ax.set_xlabel("KV pool (blocks), caching")
+        ax.set_ylabel(unit)
+        ax.set_title(name)
+        ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"{finding}\n{subtitle}")
     fig.savefig(path, dpi=DPI)
     return path

@@ -1,6 +1,6 @@
 """`servelab report`: regenerate the committed report (charts and a markdown page) from
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
-KV pool, latency vs load with capacity at SLO, and simulator fidelity.
+KV pool, latency vs load with capacity at SLO, simulator fidelity, and prefix caching.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from reporting import sections
 from reporting.capacity import latency_vs_load
+from reporting.prefix_caching import prefix_caching
 from reporting.report import machine, write_markdown
 from servelab.sim_args import write_json_atomic
 from sim.scheduler import POLICIES
@@ -24,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="directory for report.md, report.json and figures/ "
                              "(default reports)")
     report.add_argument("--workers", type=int, default=None,
-                        help="processes for the sweep (default: one per core)")
+                        help="processes for the sweep and the prefix-caching runs "
+                             "(default: one per core)")
     report.add_argument("--skip-measured", action="store_true",
                         help="leave out the sections that run the model (1 and 5)")
     report.set_defaults(func=_run)
@@ -54,6 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     done.append(latency_vs_load(figures, args.workers))
     if not args.skip_measured:
         done.append(sections.fidelity(results, runs, workload, figures))
+    log("prefix caching against KV pool size")
+    done.append(prefix_caching(figures, args.workers))
     elapsed = time.perf_counter() - started
     write_markdown(args.out / "report.md", done, elapsed)
     write_json_atomic(args.out / "report.json", {

@@ -100,3 +100,20 @@ def test_bad_cli_values_give_one_line_and_nonzero_exit(argv, needle, capsys, tmp
     lines = err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "error" in lines[0]
     assert not json_path.exists()
+
+
+def test_prefix_caching_flag_as_vllm_spells_it(tmp_path, capsys):
+    """Mooncake's shared prefixes hit with caching on (the default), never with it off."""
+    argv = ["simulate", "--trace", "mooncake-synthetic", "--max-requests", "600",
+            "--policy", "chunked", "--max-model-len", "200000", "--qps-scale", "0.1",
+            "--num-blocks", "600000"]
+    on, _, out = run_json(tmp_path, capsys, *argv, name="on.json")
+    off, _, _ = run_json(tmp_path, capsys, *argv, "--no-enable-prefix-caching", name="off.json")
+    rate_on = on["results"]["chunked"]["prefix_cache_hit_rate"]
+    # An unbounded cache serves 11.3% of these prompts' tokens (sessions come back later).
+    assert 0.105 < rate_on <= 0.1133 and "prefix_cache_hit_rate" in out
+    assert off["results"]["chunked"]["prefix_cache_hit_rate"] == 0
+    assert on["config"]["scheduler"]["chunked"]["enable_prefix_caching"] is True
+    assert off["config"]["scheduler"]["chunked"]["enable_prefix_caching"] is False
+    assert (on["results"]["chunked"]["median_ttft_ms"]
+            < off["results"]["chunked"]["median_ttft_ms"])

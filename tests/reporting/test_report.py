@@ -8,6 +8,7 @@ import pytest
 
 from reporting import sections
 from reporting.capacity import latency_vs_load
+from reporting.prefix_caching import prefix_caching
 from reporting.report import write_markdown
 from workloads import load_bundled
 from workloads.transforms import head
@@ -37,6 +38,25 @@ def test_capacity_section_ranks_policies(tmp_path):
     assert min(rate[p] for p in ("continuous", "recompute", "chunked")) > rate["static"]
     assert (tmp_path / "sweep.csv").exists() and (tmp_path / "latency_vs_load.png").exists()
     assert "static" in section.body  # the ordering is explained
+
+
+def test_prefix_caching_hit_rate_grows_with_the_pool_up_to_the_ceiling(tmp_path):
+    trace = head(load_bundled("mooncake-synthetic"), 300)
+    section = prefix_caching(tmp_path, workers=1, trace=trace, pools=(10_000, 4_000_000))
+    ceiling = section.data["ceiling"]
+    by_pool = section.data["hit_rate_by_pool"]
+    assert list(by_pool) == ["10000", str(section.data["default_pool_blocks"]), "4000000"]
+    hits = list(by_pool.values())
+    assert 0 < hits[0] < hits[1] < hits[2] <= ceiling + 1e-3
+    assert hits[2] == pytest.approx(ceiling, abs=5e-3)  # nothing evicted: the ceiling
+    runs = section.data["caching_on_off"]
+    assert {k: s["prefix_cache_hit_rate"] for k, s in runs.items() if k.endswith("off")} == {
+        "27,669 blocks, caching off": 0.0, "4,000,000 blocks, caching off": 0.0}
+    on, off = runs["4,000,000 blocks, caching on"], runs["4,000,000 blocks, caching off"]
+    assert on["median_ttft_ms"] < off["median_ttft_ms"]
+    assert f"{ceiling:.0%}" in section.finding and "| 10,000 | 160,000 |" in section.body
+    assert (tmp_path / "prefix_caching.png").stat().st_size > 20_000
+    json.dumps(section.data)
 
 
 def test_measured_sections_and_markdown(tmp_path):
