@@ -87,18 +87,21 @@ def fit_profile(plans: list, times_s: np.ndarray, speeds: np.ndarray | None = No
     durations = np.median(times_s, axis=0)
     features = feature_matrix(plans, row_knots, without)
 
-    def fitted(seen: np.ndarray) -> CalibratedCostModel:
-        coefficients = fit_coefficients(features[seen], durations[seen])
-        return CalibratedCostModel(tuple(coefficients), row_knots)
-
-    held_error = np.empty(len(plans))
-    for fold in range(HOLDOUT_FOLDS):
-        held = np.arange(len(plans)) % HOLDOUT_FOLDS == fold
-        trial = fitted(~held)
-        held_error[held] = relative_errors(trial, features[held], durations[held])
-    model = fitted(np.ones(len(plans), dtype=bool))
+    held_error = held_out_errors(features, durations)
+    model = CalibratedCostModel(tuple(fit_coefficients(features, durations)), row_knots)
     final = replace(model, jitter=step_jitter(steady) if len(times_s) >= 2 else ())
     return Fit(final, relative_errors(final, features, durations), held_error)
+
+
+def held_out_errors(features: np.ndarray, durations_s: np.ndarray) -> np.ndarray:
+    """Each row's relative error as predicted by a fit to the other folds (every
+    HOLDOUT_FOLDS-th row is one fold)."""
+    errors = np.empty(len(durations_s))
+    for fold in range(HOLDOUT_FOLDS):
+        held = np.arange(len(durations_s)) % HOLDOUT_FOLDS == fold
+        coefficients = fit_coefficients(features[~held], durations_s[~held])
+        errors[held] = np.abs(features[held] @ coefficients - durations_s[held]) / durations_s[held]
+    return errors
 
 
 def profile_backend(loaded, block_size: int, kv_cache_gib: float,

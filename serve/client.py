@@ -86,6 +86,20 @@ def bench_requests(trace: Trace, vocab_size: int, seed: int = 0) -> list[BenchRe
     return out
 
 
+async def replay_trace(trace: Trace, config: BenchConfig, vocab_size: int | None = None,
+                       seed: int = 0, on_done: Callable[[], None] | None = None
+                       ) -> tuple[str, int, BenchResult]:
+    """Ask the server for its model (and vocab, unless given), then replay the trace: the
+    model id, the vocab size the prompts were drawn from, and the result."""
+    async with make_client(config) as client:
+        card = await model_card(client, config.model)
+    vocab = vocab_size or card.get("vocab_size")
+    if not vocab:
+        raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
+    result = await run_bench(bench_requests(trace, int(vocab), seed), config, on_done)
+    return card["id"], int(vocab), result
+
+
 def make_client(config: BenchConfig) -> aiohttp.ClientSession:
     """An HTTP session on the server's base URL, without proxies and without a pool cap."""
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sim.core import FinishReason, Request
-from sim.scheduler import Scheduler
+from sim.scheduler import Scheduler, SchedulerConfig
 
 # vLLM's bucket boundaries, in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -77,6 +77,14 @@ class ServerMetrics:
             self._success[request.finish_reason].inc()
         if request.finish_s is not None:
             self.e2e.observe(request.finish_s - request.arrival_s)
+
+    def describe_cache(self, config: SchedulerConfig) -> None:
+        """`vllm:cache_config_info`, as vLLM publishes it: the KV cache's settings as labels
+        of a gauge set to 1 (what `calibrate --url` reads the pool from)."""
+        labels = {"block_size": str(config.block_size), "num_gpu_blocks": str(config.num_blocks),
+                  "enable_prefix_caching": str(config.enable_prefix_caching)}
+        Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
+              list(labels), registry=self.registry).labels(**labels).set(1)
 
     def set_state(self, scheduler: Scheduler) -> None:
         """The scheduler's state after a step (engine thread: the scheduler's owner)."""

@@ -6,16 +6,11 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from servelab.sim_args import format_summaries, slo_from_args, write_json_atomic
 from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
-
-if TYPE_CHECKING:  # serve (and aiohttp) load only when the command runs
-    from serve.client import BenchConfig, BenchResult
-    from workloads.trace import Trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the trace, replay it, print the summary and write --json."""
-    from serve.client import BenchConfig, summarize_bench
+    from serve.client import BenchConfig, replay_trace, summarize_bench
 
     config = BenchConfig(args.url, args.model, args.api_key, args.max_concurrency,
                          args.timeout_s)
@@ -53,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--vocab-size must be >= 4, got {args.vocab_size}")
     trace = load_trace_from_args(args)
     slo = slo_from_args(args)
-    model, vocab, result = asyncio.run(_bench(trace, config, args.vocab_size, args.seed))
+    with tqdm(total=len(trace), unit="req", file=sys.stderr, leave=False, disable=None) as bar:
+        model, vocab, result = asyncio.run(replay_trace(trace, config, args.vocab_size,
+                                                        args.seed, lambda: bar.update(1)))
     summary = summarize_bench(result, slo)
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s against "
           f"{args.url} ({model})")
@@ -70,20 +67,3 @@ def run(args: argparse.Namespace) -> int:
             "results": {"server": summary},
         })
     return 0
-
-
-async def _bench(trace: Trace, config: BenchConfig, vocab_size: int | None,
-                 seed: int) -> tuple[str, int, BenchResult]:
-    """Ask the server for its model (and vocab), then replay the trace."""
-    from serve.client import bench_requests, make_client, model_card, run_bench
-
-    async with make_client(config) as client:
-        card = await model_card(client, config.model)
-    vocab = vocab_size or card.get("vocab_size")
-    if not vocab:
-        raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
-    requests = bench_requests(trace, int(vocab), seed)
-    with tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False,
-              disable=None) as bar:
-        result = await run_bench(requests, config, on_done=lambda: bar.update(1))
-    return card["id"], int(vocab), result

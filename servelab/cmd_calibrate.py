@@ -1,4 +1,5 @@
-"""`servelab calibrate`: profile the executor, fit the cost model, save it as JSON."""
+"""`servelab calibrate`: profile the executor (or probe a running server with --url), fit the
+cost model, save it as JSON."""
 
 from __future__ import annotations
 
@@ -9,23 +10,36 @@ from pathlib import Path
 from tqdm import tqdm
 
 from calibration.fit import calibration_meta, fit_profile, profile_backend, save_calibration
-from servelab.model_args import add_model_args, load_model_from_args
+from servelab.model_args import add_model_args, add_server_args, load_model_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    cal = subparsers.add_parser("calibrate", help="profile the executor and fit a cost model")
+    cal = subparsers.add_parser("calibrate", help="profile the executor, or probe a server, "
+                                                  "and fit a cost model")
     add_model_args(cal)
+    add_server_args(cal)
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     cal.add_argument("--max-model-len", type=int, default=None)
     cal.add_argument("--repeats", type=int, default=15,
                      help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
+    limits = cal.add_argument_group("a server's limits, with --url (recorded in the file)")
+    limits.add_argument("--max-num-seqs", type=int, default=256,
+                        help="most running requests (vLLM's max_num_seqs; default 256)")
+    limits.add_argument("--token-budget", type=int, default=2048,
+                        help="most tokens per step (vLLM's max_num_batched_tokens)")
+    limits.add_argument("--num-blocks", type=int, default=None,
+                        help="KV pool in blocks, where /metrics does not publish it")
     cal.add_argument("--seed", type=int, default=0, help="random weights and prompt tokens")
     cal.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        from servelab.server_calibration import calibrate_url
+
+        return calibrate_url(args)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     loaded = load_model_from_args(args)

@@ -24,9 +24,11 @@ from sim.policy_runs import PolicyOutcome, simulate_policies
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulate one policy on a trace")
     add_trace_args(sim, positional=False)
-    sim.add_argument("--policy", default="continuous", help="static|continuous|recompute|chunked")
+    sim.add_argument("--policy", default=None,
+                     help="static|continuous|recompute|chunked (default continuous, or the "
+                          "policy of the server a calibration came from)")
     _add_deployment_args(sim)
-    sim.set_defaults(func=lambda args: _run(args, parse_policies(args.policy)))
+    sim.set_defaults(func=lambda args: _run(args, None))
 
     cmp = subparsers.add_parser("compare", help="simulate several policies on one trace")
     add_trace_args(cmp, positional=False)
@@ -44,8 +46,10 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_output_args(parser)
 
 
-def _run(args: argparse.Namespace, policies: list[str]) -> int:
+def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     backend, num_blocks, max_model_len, where = deployment_backend(args)
+    if policies is None:  # simulate: its --policy, or the calibrated server's
+        policies = parse_policies(args.policy or "continuous")
     configs = {p: scheduler_config(args, p, num_blocks, max_model_len) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

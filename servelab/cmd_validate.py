@@ -1,4 +1,5 @@
-"""`servelab validate`: one trace measured on the executor and simulated with a calibration.
+"""`servelab validate`: one trace measured on the executor (or replayed against a running
+server with --url) and simulated with a calibration.
 
 Prints, per policy, the signed relative error (simulated - measured) / measured of each
 metric, then how the cost model priced the steps the measured runs took, by kind.
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from calibration.fit import Fit, calibration_meta, profile_backend, save_calibration
 from calibration.interleave import measure_and_calibrate
 from calibration.validation import compare, measure_runs, overall
-from servelab.model_args import add_model_args, load_model_from_args
+from servelab.model_args import add_model_args, add_server_args, load_model_from_args
 from servelab.sim_args import (
     add_scheduler_args,
     parse_policies,
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_args(val, positional=False)
     val.add_argument("--policies", default="static,continuous,recompute,chunked")
     cal = val.add_mutually_exclusive_group(required=True)
+    # With --url, --cost-model is a calibration of that server (calibrate --url).
     cal.add_argument("--cost-model", type=Path, help="calibration JSON")
     cal.add_argument("--calibrate", type=Path, metavar="FILE",
                      help="calibrate while measuring instead: the profile grid timed a "
@@ -43,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "and the runs' spread is printed as the machine's noise floor")
     add_scheduler_args(val)
     add_model_args(val)
+    add_server_args(val)
     val.add_argument("--json", type=Path, default=None, help="write the result as JSON")
     val.add_argument("--out", type=Path, default=None, help="CDF overlays and error table")
     val.set_defaults(func=_run)
@@ -105,9 +108,13 @@ def _at_one_speed(trace, configs: dict, measured: Measured) -> dict | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    policies = parse_policies(args.policies)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.url is not None:
+        from servelab.server_calibration import validate_url
+
+        return validate_url(args)
+    policies = parse_policies(args.policies)
     if args.cost_model is not None:
         CalibratedCostModel.load(args.cost_model)  # a bad file fails before any run
     trace = load_trace_from_args(args)

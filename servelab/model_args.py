@@ -10,9 +10,12 @@ from executor.loading import DEFAULT_KV_CACHE_GIB, LoadedModel
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "peer-45m") -> None:
     """--model, --device, --dtype, --threads, --kv-cache-gib."""
     group = parser.add_argument_group("model (executor)")
-    group.add_argument("--model", default=default_model,
+    group.add_argument("--model", default=None,
                        help="preset (tiny, peer-45m, qwen2.5-0.5b, llama-3-8b; random weights "
-                            "from --seed) or a Hugging Face checkpoint directory")
+                            f"from --seed) or a Hugging Face checkpoint directory (default "
+                            f"{default_model}); with --url, the served model's id (default: "
+                            "the server's first)")
+    parser.set_defaults(default_model=default_model)
     group.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto")
     group.add_argument("--dtype", default="auto",
                        help="float32, bfloat16 or float16 (auto: float32 on CPU, bf16 on CUDA)")
@@ -26,4 +29,18 @@ def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
     """The model --model, --device, --dtype, --threads and --seed name."""
     from executor.loading import load
 
-    return load(args.model, args.device, args.dtype, args.threads, args.seed)
+    return load(args.model or args.default_model, args.device, args.dtype, args.threads,
+                args.seed)
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """--url, --api-key, --vocab-size, and the limits a server may not publish."""
+    group = parser.add_argument_group("a running server instead of the executor")
+    group.add_argument("--url", default=None,
+                       help="an OpenAI-compatible streaming server's base URL, e.g. "
+                            "http://127.0.0.1:8000")
+    group.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    group.add_argument("--vocab-size", type=int, default=None,
+                       help="prompt token ids are drawn below this (default: the server's)")
+    group.add_argument("--server-policy", default="chunked",
+                       help="the server's batching policy (vLLM v1: chunked)")

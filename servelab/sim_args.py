@@ -124,7 +124,23 @@ def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="bf16", help="bf16 or fp16")
     group.add_argument("--cost-model", type=Path, default=None,
                        help="a calibration JSON from `servelab calibrate` instead of the "
-                            "analytic model (its KV pool and max length become the defaults)")
+                            "analytic model (its KV pool and max length become the defaults; "
+                            "one from `calibrate --url` sets every limit and the policy the "
+                            "server runs, where flags are left at their defaults)")
+
+
+# Scheduler flags whose defaults a calibration of a running server replaces by its limits.
+SERVER_LIMIT_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "token_budget": None,
+                         "enable_prefix_caching": True, "policy": None}
+
+
+def use_server_limits(args: argparse.Namespace, server: dict) -> None:
+    """Flags left at their defaults take the calibrated server's limits (`meta.server` of a
+    calibration from `calibrate --url`), so a simulation runs as that server is set up."""
+    for key, default in SERVER_LIMIT_DEFAULTS.items():
+        known = hasattr(args, key) and server.get(key) is not None
+        if known and getattr(args, key) == default:
+            setattr(args, key, server[key])
 
 
 def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
@@ -132,6 +148,8 @@ def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str
     if args.cost_model is not None:
         model = CalibratedCostModel.load(args.cost_model)
         meta = model.meta
+        if meta.get("server"):
+            use_server_limits(args, meta["server"])
         if meta.get("block_size", args.block_size) != args.block_size:
             raise ValueError(f"{args.cost_model}: calibrated with block size "
                              f"{meta['block_size']}, --block-size is {args.block_size}")

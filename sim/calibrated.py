@@ -155,6 +155,11 @@ class CalibratedCostModel:
     # Quantiles of profiled run time / shape median (step_jitter); () predicts the median.
     jitter: tuple[float, ...] = ()
     jitter_seed: int = 0  # another seed, another equally likely run
+    # Seconds a request spends in a server before its first step can take it, plus the
+    # seconds a token takes to reach the client: HTTP, tokenizing, queues between processes.
+    # A calibration from a server's URL measures it; the simulator delays each arrival by it
+    # (TTFT still counts from the arrival). 0 for the executor, which has no such path.
+    request_overhead_s: float = 0.0
     # What it was measured on: model, device, dtype, torch version, processor, threads,
     # date, block size, KV pool, fit error. Free-form, saved as JSON.
     meta: dict = field(default_factory=dict, compare=False)
@@ -167,6 +172,8 @@ class CalibratedCostModel:
                              f"got {len(self.coefficients)}")
         if any(not c >= 0 for c in self.coefficients):
             raise ValueError(f"coefficients must be >= 0, got {self.coefficients}")
+        if not self.request_overhead_s >= 0:
+            raise ValueError(f"request_overhead_s must be >= 0, got {self.request_overhead_s}")
         jitter = self.jitter
         if jitter and (len(jitter) < 2 or not jitter[0] > 0
                        or any(not b >= a for a, b in zip(jitter[:-1], jitter[1:], strict=True))):
@@ -218,7 +225,8 @@ class CalibratedCostModel:
         """Write the model as JSON (coefficients by feature name, plus meta)."""
         payload = {"features": dict(zip(self.features, self.coefficients, strict=True)),
                    "row_knots": list(self.row_knots),
-                   "jitter": list(self.jitter), "meta": self.meta}
+                   "jitter": list(self.jitter), "request_overhead_s": self.request_overhead_s,
+                   "meta": self.meta}
         path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
     @classmethod
@@ -234,9 +242,10 @@ class CalibratedCostModel:
             knots = tuple(int(k) for k in payload.get("row_knots") or ())
             values = {name: float(value) for name, value in features.items()}
             jitter = tuple(float(q) for q in payload.get("jitter") or ())
+            overhead = float(payload.get("request_overhead_s", 0.0))
         except (AttributeError, TypeError, ValueError):
-            raise ValueError(f"{path}: calibration features, row knots and jitter must be "
-                             f"numbers") from None
+            raise ValueError(f"{path}: calibration features, row knots, jitter and request "
+                             f"overhead must be numbers") from None
         try:
             names = feature_names(_check_knots(knots))
         except ValueError as exc:
@@ -250,6 +259,7 @@ class CalibratedCostModel:
                              f"({', '.join(unknown)}); calibrate again")
         coefficients = tuple(values.get(name, 0.0) for name in names)
         try:
-            return cls(coefficients, knots, jitter, meta=dict(payload.get("meta", {})))
+            return cls(coefficients, knots, jitter, request_overhead_s=overhead,
+                       meta=dict(payload.get("meta", {})))
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None

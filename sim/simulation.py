@@ -63,11 +63,14 @@ class _Replay:
         self.env, self.requests, self.engine, self.on_step = env, requests, engine, on_step
         self.wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
         self.arrived = 0
+        # A server's own path from the socket to its scheduler (a calibration from its URL
+        # measures it): the scheduler sees each request this much after it arrived.
+        self.delay_s = getattr(engine.backend, "request_overhead_s", 0.0)
 
     def arrivals(self):
         env = self.env
         for request in self.requests:
-            delay = request.arrival_s - env.now
+            delay = request.arrival_s + self.delay_s - env.now
             if delay > 0:
                 yield env.timeout(delay)
             self.engine.add(request)
@@ -101,7 +104,8 @@ class _Replay:
             # Only an arrival changes what the scheduler decides next, so steps run back
             # to back without a SimPy event each until one lands within a step; then SimPy
             # delivers it (and any before it) first, as if every step had been an event.
-            if self.arrived < num_requests and requests[self.arrived].arrival_s <= end_s:
+            if (self.arrived < num_requests
+                    and requests[self.arrived].arrival_s + self.delay_s <= end_s):
                 yield env.timeout(max(0.0, end_s - env.now))
             finished = engine.finish_step(plan, result, now)
             now = end_s

@@ -1,0 +1,246 @@
+"""Calibration from outside: a streaming server's step times, read off the token timestamps a
+client sees under probes whose batches are known.
+
+Three kinds of probe. `decode`: k streams at once; once all have their first token and
+until one ends, every gap between two tokens of a stream is one step of k decodes. `lone`:
+one prompt on an idle server; its TTFT is the request's path through the server plus its
+prefill step(s), and its later gaps are one-row decodes. `join`: a prompt sent while k
+streams decode; the gaps of a decoding stream around the prompt's first token are steps
+mixing the k decodes with the prompt's chunks, and its TTFT, less half a decode step (the
+mean wait for the step in flight), is the request path plus those steps.
+
+Each observation is a sum of BatchPlans (built as the server's chunked scheduler would)
+and seconds; one non-negative fit gives the cost model's coefficients and the request
+overhead (the path through the server, which only TTFTs include) together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calibration.fit import HOLDOUT_FOLDS, Fit, held_out_errors
+from sim.calibrated import CalibratedCostModel, feature_names, fit_coefficients, plan_features
+from sim.core import BatchPlan, Request
+from sim.plan import add_to_plan
+
+DECODE_WINDOW = 8  # decode gaps per observation: their median damps client-side hiccups
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The server's scheduler limits: what it publishes, the rest from flags."""
+
+    max_model_len: int
+    token_budget: int  # tokens per step (vLLM's max_num_batched_tokens)
+    max_num_seqs: int
+    block_size: int | None = None  # KV block size, where /metrics publishes it
+    num_blocks: int | None = None  # KV pool, where /metrics publishes it
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("max_model_len", "token_budget", "max_num_seqs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"server {key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One request of a probe: sent `send_s` after the probe starts."""
+
+    send_s: float
+    prompt_len: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Requests sent together and waited for: `kind` is decode, lone or join; a join
+    probe's first `num_streams` requests are the decoding streams."""
+
+    kind: str
+    requests: tuple[ProbeRequest, ...]
+    num_streams: int = 0
+
+
+@dataclass
+class Observations:
+    """Rows of summed plan features (+ the request-overhead column) and their seconds."""
+
+    names: tuple[str, ...] = field(default_factory=lambda: feature_names() + ("overhead",))
+    rows: list[list[float]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+    def add(self, plans: list[BatchPlan], seconds: float, kind: str,
+            overhead: bool = False) -> None:
+        if not seconds > 0 or not plans:
+            return  # a stall of the client's clock or nothing observed: no information
+        summed = np.sum([plan_features(plan) for plan in plans], axis=0).tolist()
+        self.rows.append(summed + [1.0 if overhead else 0.0])
+        self.seconds.append(seconds)
+        self.kinds.append(kind)
+
+
+def probes(limits: ServerLimits, quick: bool = False) -> list[Probe]:
+    """The lone and decode probes: prompt lengths up to two steps' budget, batches up to
+    max_num_seqs. (Join probes need the decode step time: `join_probes`.)"""
+    longest = min(limits.max_model_len - 64, 2 * limits.token_budget)
+    lengths = [n for n in (16, 128, 512, 1024, 2048, 4096) if n <= longest]
+    lone = [Probe("lone", (ProbeRequest(0.0, n, 8),)) for n in lengths for _ in range(2)]
+    batches = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= limits.max_num_seqs]
+    contexts = [n for n in (32, 512, 1536) if n + 80 <= limits.max_model_len]
+    if quick:
+        lone, batches, contexts = lone[::2], batches[::2], contexts[:2]
+    pool = (limits.num_blocks * limits.block_size if limits.num_blocks and limits.block_size
+            else None)  # a batch that outgrows the pool would be preempted: other steps
+
+    def fits(k: int, n: int) -> bool:
+        return k * n <= 16 * limits.token_budget and (pool is None or k * (n + 64) <= pool)
+
+    decode = [Probe("decode", tuple(ProbeRequest(0.0, n, 48) for _ in range(k)))
+              for n in contexts for k in batches if fits(k, n)]
+    return lone + decode
+
+
+def join_probes(limits: ServerLimits, decode_step_s: float, quick: bool = False) -> list[Probe]:
+    """k streams decoding, joined one after another by prompts of several lengths, each
+    once the last one's prefill is surely over (spacing from a decode step's time)."""
+    lengths = [n for n in (64, 256, 1024, 2048) if n <= min(limits.max_model_len - 8,
+                                                               limits.token_budget)]
+    streams = [k for k in (1, 4, 16) if k < limits.max_num_seqs]
+    if quick:
+        streams = streams[:2]
+    out = []
+    rng = np.random.default_rng(0)
+    for k in streams:
+        start = 12 * decode_step_s + 0.2  # the streams' prefills are over
+        gap = 40 * decode_step_s + 0.05
+        joins = [ProbeRequest(start + i * gap + rng.uniform(0, decode_step_s), n, 1)
+                 for i, n in enumerate(lengths * 2)]
+        steps = int((joins[-1].send_s + gap) / decode_step_s) + 16
+        decoding = [ProbeRequest(0.0, 32, min(steps, limits.max_model_len - 40))] * k
+        out.append(Probe("join", tuple(decoding + joins), num_streams=k))
+    return out
+
+
+def _decoding(prompt_len: int, num_tokens: int, rid: str) -> Request:
+    """A request that has produced num_tokens tokens and decodes its next one."""
+    request = Request(rid, 0.0, prompt_len, num_tokens + 1)
+    request.token_times_s = [0.0] * num_tokens
+    request.num_computed_tokens = prompt_len + num_tokens - 1
+    return request
+
+
+def _decode_plan(streams: list[tuple[int, int]]) -> BatchPlan:
+    """One step decoding each (prompt_len, tokens so far) stream."""
+    plan = BatchPlan()
+    for i, (prompt_len, tokens) in enumerate(streams):
+        add_to_plan(plan, _decoding(prompt_len, tokens, f"d{i}"), 1)
+    return plan
+
+
+def _chunk_plans(prompt_len: int, budget: int, streams: list[tuple[int, int]]
+                 ) -> list[BatchPlan]:
+    """The steps that prefill a prompt beside decoding streams, chunked as the budget allows."""
+    plans, done = [], 0
+    while done < prompt_len:
+        plan = _decode_plan(streams)
+        chunk = min(prompt_len - done, budget - len(streams))
+        request = Request("p", 0.0, prompt_len, 1)
+        request.num_computed_tokens = done
+        add_to_plan(plan, request, chunk)
+        plans.append(plan)
+        done += chunk
+        streams = [(p, n + 1) for p, n in streams]
+    return plans
+
+
+def observe(probe: Probe, seen: list[Request], limits: ServerLimits, out: Observations) -> None:
+    """Add what one probe's measured requests (arrival_s = send, token_times_s) show."""
+    if any(len(r.token_times_s) != r.max_new_tokens for r in seen):
+        raise ValueError(f"a {probe.kind} probe came back incomplete: the server must stream "
+                         "every token and honour max_tokens with ignore_eos")
+    if probe.kind == "lone":
+        _observe_lone(seen[0], limits, out)
+    elif probe.kind == "decode":
+        _observe_decodes(seen, out)
+    else:
+        _observe_joins(seen[:probe.num_streams], seen[probe.num_streams:], limits, out)
+
+
+def _observe_lone(request: Request, limits: ServerLimits, out: Observations) -> None:
+    times = request.token_times_s
+    out.add(_chunk_plans(request.prompt_len, limits.token_budget, []),
+            times[0] - request.arrival_s, "lone TTFT", overhead=True)
+    for j in range(1, len(times)):
+        out.add([_decode_plan([(request.prompt_len, j)])], times[j] - times[j - 1], "decode")
+
+
+def _observe_decodes(streams: list[Request], out: Observations) -> None:
+    """Windows of DECODE_WINDOW gaps of the first stream while every stream decodes."""
+    start = max(s.token_times_s[0] for s in streams)
+    end = min(s.token_times_s[-1] for s in streams)
+    times = np.asarray(streams[0].token_times_s)
+    inside = [j for j in range(1, len(times)) if times[j - 1] >= start and times[j] <= end]
+    for w in range(0, len(inside) - DECODE_WINDOW + 1, DECODE_WINDOW):
+        window = inside[w:w + DECODE_WINDOW]
+        middle = times[window[len(window) // 2]]
+        shape = [(s.prompt_len, int(np.searchsorted(s.token_times_s, middle, "right")))
+                 for s in streams]
+        gaps = times[window] - times[[j - 1 for j in window]]
+        out.add([_decode_plan(shape)], float(np.median(gaps)), "decode")
+
+
+def _observe_joins(streams: list[Request], joins: list[Request], limits: ServerLimits,
+                   out: Observations) -> None:
+    """Each join's chunk steps as gaps of the first stream, and its TTFT less half a step."""
+    times = np.asarray(streams[0].token_times_s)
+    for join in joins:
+        first = join.token_times_s[0]
+        if not times[0] < join.arrival_s and first < times[-1]:
+            continue  # the stream was not decoding all along this join
+        m = int(np.argmin(np.abs(times - first)))  # the stream's token of the last chunk step
+        shape = [(s.prompt_len, int(np.searchsorted(s.token_times_s, join.arrival_s, "right")))
+                 for s in streams]
+        plans = _chunk_plans(join.prompt_len, limits.token_budget, shape)
+        before = m - len(plans)  # the step in flight when the prompt arrived ended here
+        if before < 1 or any(n < 1 for _, n in shape):
+            continue  # the other streams were not all decoding around this join
+        for i, plan in enumerate(plans):
+            g = before + 1 + i
+            out.add([plan], float(times[g] - times[g - 1]), "mixed")
+        in_flight = float(times[before] - times[before - 1])
+        out.add(plans, first - join.arrival_s - in_flight / 2, "join TTFT", overhead=True)
+
+
+def median_decode_step(out: Observations, rows: int = 4) -> float:
+    """The median decode-only step at <= rows rows: how far apart to send join probes."""
+    sampled = out.names.index("sampled")
+    chosen = [s for row, s, kind in zip(out.rows, out.seconds, out.kinds, strict=True)
+              if kind == "decode" and row[sampled] <= rows]
+    if not chosen:
+        raise ValueError("no decode steps observed: the server's stream gave no token gaps")
+    return float(np.median(chosen))
+
+
+def fit_observations(out: Observations) -> Fit:
+    """The cost model and request overhead fitted to every observation together, with each
+    observation's held-out error (a fit without its fold)."""
+    features = np.asarray(out.rows, dtype=float)
+    seconds = np.asarray(out.seconds, dtype=float)
+    if len(seconds) < features.shape[1] + HOLDOUT_FOLDS:
+        raise ValueError(f"{len(seconds)} observations are too few to fit "
+                         f"{features.shape[1]} terms: probe longer")
+    held = held_out_errors(features, seconds)
+    solution = fit_coefficients(features, seconds)
+    model = CalibratedCostModel(tuple(solution[:-1]), request_overhead_s=float(solution[-1]))
+    fitted = np.abs(features @ solution - seconds) / seconds
+    return Fit(model, fitted, held)
+
+
+def error_by_kind(out: Observations, errors: np.ndarray) -> dict[str, float]:
+    """Median error of each kind of observation."""
+    kinds = np.asarray(out.kinds)
+    return {kind: float(np.median(errors[kinds == kind])) for kind in dict.fromkeys(out.kinds)}

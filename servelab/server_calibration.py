@@ -1,0 +1,133 @@
+"""`calibrate --url` and `validate --url`: a running server probed, fitted and replayed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import sys
+import time
+
+from tqdm import tqdm
+
+from calibration.fit import save_calibration
+from calibration.remote import (
+    Observations,
+    error_by_kind,
+    fit_observations,
+    join_probes,
+    median_decode_step,
+    observe,
+    probes,
+)
+from executor.loading import cpu_model
+
+
+def calibrate_url(args: argparse.Namespace) -> int:
+    """Probe the server at --url, fit the cost model and its request overhead, save them."""
+    from serve.client import BenchConfig
+    from serve.probe import read_limits, run_probes
+
+    config = BenchConfig(args.url, args.model, args.api_key)
+    limits, card = asyncio.run(read_limits(config, args.max_num_seqs, args.token_budget))
+    if limits.num_blocks is None and args.num_blocks is None:
+        raise ValueError(f"{args.url} does not publish its KV pool (vllm:cache_config_info "
+                         "on /metrics): pass --num-blocks")
+    vocab = args.vocab_size or card.get("vocab_size")
+    if not vocab:
+        raise ValueError(f"{args.url} does not report its vocab size; pass --vocab-size")
+    started = time.perf_counter()
+    observed = Observations()
+    first = probes(limits, args.quick)
+    with tqdm(total=len(first) + 3, unit="probe", file=sys.stderr, leave=False,
+              disable=None) as bar:
+        for probe, seen in zip(first, asyncio.run(run_probes(first, config, vocab, args.seed,
+                                                               bar.update)), strict=True):
+            observe(probe, seen, limits, observed)
+        joins = join_probes(limits, median_decode_step(observed), args.quick)
+        for probe, seen in zip(joins, asyncio.run(run_probes(joins, config, vocab, args.seed,
+                                                               bar.update)), strict=True):
+            observe(probe, seen, limits, observed)
+    probing_s = time.perf_counter() - started
+    fit = fit_observations(observed)
+    server = {"url": args.url, "model": card["id"], "policy": args.server_policy,
+              "max_num_seqs": limits.max_num_seqs, "token_budget": limits.token_budget,
+              "num_blocks": limits.num_blocks or args.num_blocks,
+              "block_size": limits.block_size or args.block_size,
+              "max_model_len": limits.max_model_len,
+              "enable_prefix_caching": limits.enable_prefix_caching}
+    meta = {"model": card["id"], "hardware": f"the server at {args.url}",
+            "client": cpu_model(), "date": datetime.date.today().isoformat(),
+            "block_size": server["block_size"], "num_blocks": server["num_blocks"],
+            "max_model_len": limits.max_model_len, "server": server,
+            "probes": len(first) + len(joins), "observations": len(observed.seconds),
+            "probing_s": round(probing_s, 1),
+            "holdout_error_by_kind": error_by_kind(observed, fit.held_error)}
+    save_calibration(fit, args.out, meta)
+    print(f"probed {args.url} ({card['id']}): {len(first) + len(joins)} probes, "
+          f"{len(observed.seconds)} observations in {probing_s:.0f} s")
+    print(fit.describe())
+    print("held-out error by kind: " + ", ".join(
+        f"{kind} {error:.1%}" for kind, error in meta["holdout_error_by_kind"].items()))
+    print(f"request overhead (the server's path, in every TTFT): "
+          f"{fit.model.request_overhead_s * 1e3:.2f} ms")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def validate_url(args: argparse.Namespace) -> int:
+    """Replay the trace against --url (--repeats times) and simulate it as that server."""
+    from calibration.validation import compare, overall
+    from serve.client import BenchConfig, replay_trace
+    from servelab.sim_args import scheduler_config, use_server_limits, write_json_atomic
+    from servelab.trace_args import load_trace_from_args
+    from servelab.validate_output import format_errors, format_overall
+    from sim.calibrated import CalibratedCostModel
+    from sim.simulation import RunResult
+
+    if args.cost_model is None:
+        raise ValueError("validate --url needs --cost-model (a calibration from calibrate --url)")
+    model = CalibratedCostModel.load(args.cost_model)
+    server = model.meta.get("server") or {}
+    use_server_limits(args, server)
+    policy = server.get("policy") or args.server_policy
+    num_blocks = args.num_blocks or server.get("num_blocks") or model.meta.get("num_blocks")
+    if num_blocks is None:
+        raise ValueError(f"{args.cost_model} does not record the server's KV pool: pass "
+                         "--num-blocks")
+    config = scheduler_config(args, policy, num_blocks,
+                              server.get("max_model_len") or model.meta.get("max_model_len"))
+    trace = load_trace_from_args(args)
+    bench = BenchConfig(args.url, args.model, args.api_key)
+    runs = []
+    for k in range(args.repeats):  # another seed, other prompts: nothing cached from before
+        with tqdm(total=len(trace), unit="req", file=sys.stderr, leave=False,
+                  disable=None) as bar:
+            served, _, result = asyncio.run(replay_trace(
+                trace, bench, args.vocab_size, args.seed + k, lambda: bar.update(1)))
+        if result.errors:
+            raise ValueError(f"{args.url}: {len(result.errors)} requests failed, the first: "
+                             f"{result.errors[0]}")
+        runs.append(RunResult(result.requests, [], result.preemptions or 0, num_blocks,
+                              config.max_num_seqs))
+    results, pairs = compare(trace, {policy: config}, {policy: runs}, model)
+    print(f"trace {trace.name}: {len(trace)} requests against {args.url} ({served}); "
+          f"simulated as {policy}, {config.num_blocks} KV blocks of {config.block_size}, "
+          f"max_num_seqs {config.max_num_seqs}, token budget {config.budget}; cost model "
+          f"{args.cost_model}")
+    print(format_errors(results))
+    print(format_overall(results))
+    if args.out is not None:
+        from reporting.fidelity_charts import write_validation
+
+        write_validation(args.out, trace.name, results, pairs)
+    if args.json is not None:
+        write_json_atomic(args.json, {
+            "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+            "config": {"url": args.url, "model": served, "cost_model": str(args.cost_model),
+                       "policy": policy, "num_blocks": config.num_blocks,
+                       "max_num_seqs": config.max_num_seqs, "token_budget": config.budget,
+                       "enable_prefix_caching": config.enable_prefix_caching},
+            "results": results, "overall": overall(results), "repeats": args.repeats,
+        })
+    return 0

@@ -1,0 +1,78 @@
+"""Calibration from a server's URL, checked against a server whose costs are known: the
+simulator, running a known cost model with a request overhead, stands in for the server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibration.remote import (
+    Observations,
+    ServerLimits,
+    error_by_kind,
+    fit_observations,
+    join_probes,
+    median_decode_step,
+    observe,
+    probes,
+)
+from sim.calibrated import FEATURES, CalibratedCostModel
+from sim.core import Request
+from sim.engine import Engine
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.simulation import run_trace
+
+LIMITS = ServerLimits(max_model_len=4096, token_budget=1024, max_num_seqs=64)
+COSTS = {"constant": 3e-3, "prefill_step": 1e-3, "tokens": 4e-5, "sampled": 2e-5,
+         "seqs": 1e-5, "decode_kv": 3e-8, "prefill_attn_causal": 2e-9, "mixed_step": 6e-4}
+TRUE = CalibratedCostModel(tuple(COSTS.get(name, 0.0) for name in FEATURES),
+                           request_overhead_s=0.004)
+
+
+def serve(probe, model=TRUE) -> list[Request]:
+    """The probe's requests through a chunked scheduler priced by `model`, as a client sees
+    them (every token stamped at the end of its step)."""
+    requests = [Request(f"r{j}", r.send_s, r.prompt_len, r.max_tokens)
+                for j, r in enumerate(probe.requests)]
+    config = SchedulerConfig("chunked", num_blocks=4096, max_model_len=LIMITS.max_model_len,
+                             max_num_seqs=LIMITS.max_num_seqs, token_budget=LIMITS.token_budget)
+    run_trace(sorted(requests, key=lambda r: r.arrival_s), Engine(Scheduler(config), model))
+    return requests
+
+
+@pytest.fixture(scope="module")
+def observed() -> Observations:
+    out = Observations()
+    for probe in probes(LIMITS):
+        observe(probe, serve(probe), LIMITS, out)
+    for probe in join_probes(LIMITS, median_decode_step(out)):
+        observe(probe, serve(probe), LIMITS, out)
+    return out
+
+
+def test_every_kind_of_probe_is_observed(observed):
+    assert set(observed.kinds) == {"lone TTFT", "decode", "mixed", "join TTFT"}
+    assert observed.kinds.count("mixed") >= observed.kinds.count("join TTFT")
+
+
+def test_the_fit_recovers_the_step_costs_and_the_request_overhead(observed):
+    fit = fit_observations(observed)
+    assert fit.model.request_overhead_s == pytest.approx(0.004, rel=0.15)
+    assert np.median(fit.held_error) < 0.01
+    errors = error_by_kind(observed, fit.held_error)
+    assert max(errors["decode"], errors["mixed"], errors["lone TTFT"]) < 0.03
+    assert errors["join TTFT"] < 0.1  # each join waited a different part of a step
+    # Steps no probe ran: a big mixed step and a long decode batch.
+    for probe in probes(LIMITS)[-3:]:
+        seen = serve(probe)
+        again = serve(probe, fit.model)
+        ttft = [r.token_times_s[0] - r.arrival_s for r in seen]
+        assert np.allclose([r.token_times_s[0] - r.arrival_s for r in again], ttft, rtol=0.05)
+
+
+def test_an_incomplete_stream_is_a_clear_error():
+    probe = probes(LIMITS)[0]
+    seen = serve(probe)
+    seen[0].token_times_s.pop()
+    with pytest.raises(ValueError, match="must stream every token"):
+        observe(probe, seen, LIMITS, Observations())
