@@ -77,12 +77,13 @@ def calibrate_url(args: argparse.Namespace) -> int:
 
 def validate_url(args: argparse.Namespace) -> int:
     """Replay the trace against --url (--repeats times) and simulate it as that server."""
-    from calibration.validation import compare, overall
+    from calibration.validation import VALIDATED, compare, overall
     from serve.client import BenchConfig, replay_trace
     from servelab.sim_args import scheduler_config, use_server_limits, write_json_atomic
     from servelab.trace_args import load_trace_from_args
     from servelab.validate_output import format_errors, format_overall
     from sim.calibrated import CalibratedCostModel
+    from sim.metrics import summarize
     from sim.simulation import RunResult
 
     if args.cost_model is None:
@@ -111,6 +112,9 @@ def validate_url(args: argparse.Namespace) -> int:
         runs.append(RunResult(result.requests, [], result.preemptions or 0, num_blocks,
                               config.max_num_seqs))
     results, pairs = compare(trace, {policy: config}, {policy: runs}, model)
+    results[policy]["measured_runs"] = [  # each replay's own values: the server's noise
+        {key: summary.get(key) for key in VALIDATED}
+        for summary in (summarize(run) for run in runs)]
     print(f"trace {trace.name}: {len(trace)} requests against {args.url} ({served}); "
           f"simulated as {policy}, {config.num_blocks} KV blocks of {config.block_size}, "
           f"max_num_seqs {config.max_num_seqs}, token budget {config.budget}; cost model "
