@@ -165,7 +165,7 @@ def observe(probe: Probe, seen: list[Request], limits: ServerLimits, out: Observ
     if probe.kind == "lone":
         _observe_lone(seen[0], limits, out)
     elif probe.kind == "decode":
-        _observe_decodes(seen, out)
+        _observe_decodes(seen, limits, out)
     else:
         _observe_joins(seen[:probe.num_streams], seen[probe.num_streams:], limits, out)
 
@@ -178,12 +178,16 @@ def _observe_lone(request: Request, limits: ServerLimits, out: Observations) -> 
         out.add([_decode_plan([(request.prompt_len, j)])], times[j] - times[j - 1], "decode")
 
 
-def _observe_decodes(streams: list[Request], out: Observations) -> None:
-    """Windows of DECODE_WINDOW gaps of the first stream while every stream decodes."""
+def _observe_decodes(streams: list[Request], limits: ServerLimits, out: Observations) -> None:
+    """Windows of DECODE_WINDOW gaps of the first stream while every stream decodes, and
+    the steps that admitted the streams (when their prompts fit one step together)."""
     start = max(s.token_times_s[0] for s in streams)
     end = min(s.token_times_s[-1] for s in streams)
     times = np.asarray(streams[0].token_times_s)
     inside = [j for j in range(1, len(times)) if times[j - 1] >= start and times[j] <= end]
+    if inside and sum(s.prompt_len for s in streams) <= limits.token_budget:
+        step_s = float(np.median(np.diff(times)[[j - 1 for j in inside]]))
+        _observe_admissions(streams, 0.3 * step_s, out)
     for w in range(0, len(inside) - DECODE_WINDOW + 1, DECODE_WINDOW):
         window = inside[w:w + DECODE_WINDOW]
         middle = times[window[len(window) // 2]]
@@ -191,6 +195,32 @@ def _observe_decodes(streams: list[Request], out: Observations) -> None:
                  for s in streams]
         gaps = times[window] - times[[j - 1 for j in window]]
         out.add([_decode_plan(shape)], float(np.median(gaps)), "decode")
+
+
+def _observe_admissions(streams: list[Request], tolerance_s: float, out: Observations) -> None:
+    """Streams sent at once reach the server over a few milliseconds: the first step
+    prefills those there by then, the next the rest beside the first ones' decodes, and so
+    on. Streams whose first tokens arrive within tolerance_s share a step."""
+    ordered = sorted(streams, key=lambda s: s.token_times_s[0])
+    groups: list[list[Request]] = [[ordered[0]]]
+    for stream in ordered[1:]:
+        if stream.token_times_s[0] - groups[-1][0].token_times_s[0] <= tolerance_s:
+            groups[-1].append(stream)
+        else:
+            groups.append([stream])
+    running: list[tuple[int, int]] = []  # (prompt_len, tokens so far) of admitted streams
+    for i, group in enumerate(groups):
+        plan = _decode_plan(running)
+        for stream in group:
+            add_to_plan(plan, Request(stream.request_id, 0.0, stream.prompt_len, 1),
+                        stream.prompt_len)
+        first = group[0].token_times_s[0]
+        if i == 0:  # an idle server: the first arrival's TTFT is its path plus this step
+            out.add([plan], first - min(s.arrival_s for s in group), "burst TTFT",
+                    overhead=True)
+        else:
+            out.add([plan], first - groups[i - 1][0].token_times_s[0], "burst")
+        running = [(p, n + 1) for p, n in running] + [(s.prompt_len, 1) for s in group]
 
 
 def _observe_joins(streams: list[Request], joins: list[Request], limits: ServerLimits,

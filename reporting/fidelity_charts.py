@@ -66,8 +66,9 @@ def _cdf_finding(runs: dict[str, tuple[RunResult, RunResult]]) -> str:
             f"{worst['TTFT']:.0%} (TTFT) and {worst['ITL']:.0%} (ITL) across policies")
 
 
-def error_bars(results: dict, out_dir: Path, title: str) -> Path:
-    """Signed relative error per metric and policy, with the 5% and 15% bands."""
+def error_bars(results: dict, out_dir: Path, title: str,
+               name: str = "fidelity_errors.png") -> Path:
+    """Signed relative error per metric and policy (or workload), with the 5% and 15% bands."""
     metrics = list(next(iter(results.values()))["error"])
     fig = Figure(figsize=(12, 5), layout="constrained")
     ax = fig.subplots()
@@ -87,7 +88,7 @@ def error_bars(results: dict, out_dir: Path, title: str) -> Path:
     ax.set_title(f"Simulator error per metric: median |error| {median:.1f}%\n{title}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    path = out_dir / "fidelity_errors.png"
+    path = out_dir / name
     fig.savefig(path, dpi=110)
     return path
 

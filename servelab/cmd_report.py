@@ -1,6 +1,7 @@
 """`servelab report`: regenerate the committed report (charts and a markdown page) from
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
-KV pool, latency vs load with capacity at SLO, simulator fidelity, and prefix caching.
+KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, and
+against vLLM from the committed run of benchmarks/server_fidelity.py), and prefix caching.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from reporting import sections
 from reporting.capacity import latency_vs_load
 from reporting.prefix_caching import prefix_caching
 from reporting.report import machine, write_markdown
+from reporting.server_fidelity import server_fidelity
 from servelab.sim_args import write_json_atomic
 from sim.scheduler import POLICIES
 
@@ -56,6 +58,9 @@ def _run(args: argparse.Namespace) -> int:
     done.append(latency_vs_load(figures, args.workers))
     if not args.skip_measured:
         done.append(sections.fidelity(results, runs, workload, figures))
+    vllm = args.out / "fidelity" / "vllm-server"
+    if (vllm / "calibration.json").exists():  # benchmarks/server_fidelity.py's committed run
+        done.append(server_fidelity(vllm, figures))
     log("prefix caching against KV pool size")
     done.append(prefix_caching(figures, args.workers))
     elapsed = time.perf_counter() - started

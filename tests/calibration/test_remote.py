@@ -31,8 +31,8 @@ TRUE = CalibratedCostModel(tuple(COSTS.get(name, 0.0) for name in FEATURES),
 
 def serve(probe, model=TRUE) -> list[Request]:
     """The probe's requests through a chunked scheduler priced by `model`, as a client sees
-    them (every token stamped at the end of its step)."""
-    requests = [Request(f"r{j}", r.send_s, r.prompt_len, r.max_tokens)
+    them (every token stamped at the end of its step; a client's sends 0.2 ms apart)."""
+    requests = [Request(f"r{j}", r.send_s + 2e-4 * j, r.prompt_len, r.max_tokens)
                 for j, r in enumerate(probe.requests)]
     config = SchedulerConfig("chunked", num_blocks=4096, max_model_len=LIMITS.max_model_len,
                              max_num_seqs=LIMITS.max_num_seqs, token_budget=LIMITS.token_budget)
@@ -51,7 +51,8 @@ def observed() -> Observations:
 
 
 def test_every_kind_of_probe_is_observed(observed):
-    assert set(observed.kinds) == {"lone TTFT", "decode", "mixed", "join TTFT"}
+    assert set(observed.kinds) == {"lone TTFT", "decode", "mixed", "join TTFT", "burst TTFT",
+                                   "burst"}
     assert observed.kinds.count("mixed") >= observed.kinds.count("join TTFT")
 
 
@@ -60,7 +61,7 @@ def test_the_fit_recovers_the_step_costs_and_the_request_overhead(observed):
     assert fit.model.request_overhead_s == pytest.approx(0.004, rel=0.15)
     assert np.median(fit.held_error) < 0.01
     errors = error_by_kind(observed, fit.held_error)
-    assert max(errors["decode"], errors["mixed"], errors["lone TTFT"]) < 0.03
+    assert max(errors["decode"], errors["mixed"], errors["lone TTFT"], errors["burst"]) < 0.03
     assert errors["join TTFT"] < 0.1  # each join waited a different part of a step
     # Steps no probe ran: a big mixed step and a long decode batch.
     for probe in probes(LIMITS)[-3:]:

@@ -73,3 +73,27 @@ def test_measured_sections_and_markdown(tmp_path):
     assert "## 1. Static vs continuous" in text and "## 2. Simulator fidelity" in text
     assert "(figures/static_vs_continuous.png)" in text
     json.dumps(batching.data)  # the summary JSON can hold it
+
+
+def test_server_fidelity_section_reads_the_committed_run(tmp_path):
+    from reporting.server_fidelity import server_fidelity
+
+    source = tmp_path / "vllm-server"
+    source.mkdir()
+    meta = {"probing_s": 111.0, "model": "peer", "probes": 31, "observations": 196,
+            "holdout_error": {"median": 0.057}, "client": "a CPU",
+            "server": {"token_budget": 2048, "max_num_seqs": 128, "num_blocks": 2048,
+                       "block_size": 128, "enable_prefix_caching": True}}
+    (source / "calibration.json").write_text(json.dumps(
+        {"meta": meta, "request_overhead_s": 0.0086}))
+    error = {"median_ttft_ms": -0.2, "p99_itl_ms": 0.05}
+    for name, median in (("conv", 0.2), ("gamma", 0.08)):
+        (source / f"{name}.json").write_text(json.dumps({
+            "results": {"chunked": {"error": error}}, "repeats": 3,
+            "overall": {"median_abs_error": median, "max_abs_error": 0.3,
+                        "median_spread": 0.1}}))
+    section = server_fidelity(source, tmp_path)
+    assert "conv 20%, gamma 8%" in section.finding and "111 s" in section.finding
+    assert "| gamma | 8.0% | 30.0% | 10.0% | 3 |" in section.body
+    assert section.images[0].name == "server_fidelity_errors.png"
+    assert section.images[0].stat().st_size > 0
