@@ -9,67 +9,17 @@ gets its first token from prefill and the running ones advance exactly one token
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
 from sim.plan import add_decodes, add_to_plan, remove_from_plan
+from sim.scheduler_config import POLICIES, SchedulerConfig
 
-POLICIES = ("static", "continuous", "recompute", "chunked")
-DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
+__all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
+
 # An Enum member looked up on its class costs ~0.1 us, as much as the rest of a row's work
 # in the per-row loops below, which therefore compare against this module constant.
 _RUNNING = RequestStatus.RUNNING
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Policy and limits of one scheduler (`--policy` and the scheduler flags)."""
-
-    policy: str = "continuous"
-    num_blocks: int = 4096  # KV pool size in blocks
-    block_size: int = 16  # tokens per KV block
-    max_num_seqs: int = 256  # most requests running at once
-    max_model_len: int = 8192  # prompt + output tokens one request may reach
-    # Most tokens one step computes. None: 2048 for chunked, else max_model_len (without
-    # chunking a whole prompt must fit one step). `static` prefills its whole batch in one
-    # step and is bounded by max_num_seqs and KV instead.
-    token_budget: int | None = None
-    # Share full KV blocks by content (vLLM's automatic prefix caching, on by default there).
-    enable_prefix_caching: bool = True
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
-        for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.token_budget is not None:
-            if self.token_budget < 1:
-                raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
-            if self.policy != "static" and self.token_budget < self.max_num_seqs:
-                raise ValueError(
-                    f"token_budget {self.token_budget} < max_num_seqs {self.max_num_seqs}: "
-                    "every running request must be able to decode each step"
-                )
-            whole_prompts = self.policy in ("continuous", "recompute")
-            if whole_prompts and self.token_budget < self.max_model_len:
-                raise ValueError(
-                    f"token_budget {self.token_budget} < max_model_len {self.max_model_len}: "
-                    f"policy {self.policy} prefills whole prompts, use chunked to split them"
-                )
-
-    @property
-    def budget(self) -> int:
-        """The resolved per-step token budget."""
-        if self.token_budget is not None:
-            return self.token_budget
-        return DEFAULT_CHUNKED_BUDGET if self.policy == "chunked" else self.max_model_len
-
-    @property
-    def reserves_full(self) -> bool:
-        """Admission reserves prompt + max_new_tokens up front (slot-like KV)."""
-        return self.policy in ("static", "continuous")
 
 
 class Scheduler:
