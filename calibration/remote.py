@@ -2,7 +2,8 @@
 client sees under probes whose batches are known.
 
 Three kinds of probe. `decode`: k streams at once; once all have their first token and
-until one ends, every gap between two tokens of a stream is one step of k decodes. `lone`:
+until one ends, every gap between two tokens of a stream is one step of k decodes, and before
+that their first tokens come back in groups, one per step that admitted them. `lone`:
 one prompt on an idle server; its TTFT is the request's path through the server plus its
 prefill step(s), and its later gaps are one-row decodes. `join`: a prompt sent while k
 streams decode; the gaps of a decoding stream around the prompt's first token are steps
