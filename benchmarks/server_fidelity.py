@@ -83,8 +83,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="default reports/fidelity/SERVER-server")
     args = parser.parse_args()
-    out = args.out or ROOT / "reports" / "fidelity" / f"{args.server}-server"
-    out.mkdir(parents=True, exist_ok=True)
+    # Relative to the repository (the commands run there), so no machine path is recorded.
+    out = args.out or Path("reports") / "fidelity" / f"{args.server}-server"
+    (ROOT / out).mkdir(parents=True, exist_ok=True)
     (ROOT / "out").mkdir(exist_ok=True)
     client = ["--model", "peer", "--vocab-size", "32000"] if args.server == "vllm" else []
     rows = []
@@ -99,7 +100,7 @@ def main() -> None:
             servelab("validate", "--url", url, "--cost-model", str(calibration),
                      *WORKLOADS[name], "--repeats", str(args.repeats), "--out", str(out / name),
                      "--json", str(result), *client)
-            overall = json.loads(result.read_text())["overall"]
+            overall = json.loads((ROOT / result).read_text())["overall"]
             rows.append((name, overall))
     print(f"\n{args.server} at {url}; calibration {probing_s:.0f} s; client on "
           f"{os.cpu_count()} cores")

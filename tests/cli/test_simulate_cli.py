@@ -110,7 +110,7 @@ def test_prefix_caching_flag_as_vllm_spells_it(tmp_path, capsys):
     on, _, out = run_json(tmp_path, capsys, *argv, name="on.json")
     off, _, _ = run_json(tmp_path, capsys, *argv, "--no-enable-prefix-caching", name="off.json")
     rate_on = on["results"]["chunked"]["prefix_cache_hit_rate"]
-    # An unbounded cache serves 11.3% of these prompts' tokens (sessions come back later).
+    # An unbounded cache serves 11.3% of these prompts' tokens (conversations come back later).
     assert 0.105 < rate_on <= 0.1133 and "prefix_cache_hit_rate" in out
     assert off["results"]["chunked"]["prefix_cache_hit_rate"] == 0
     assert on["config"]["scheduler"]["chunked"]["enable_prefix_caching"] is True
