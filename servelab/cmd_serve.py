@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     build_args = argparse.Namespace(**{**vars(args), "threads": threads})
     loaded, scheduler, backend = call_on_thread(lambda: _build(build_args))
     config = scheduler.config
-    name = Path(args.model).name if Path(args.model).is_dir() else args.model
+    model = args.model or args.default_model
+    name = Path(model).name if Path(model).is_dir() else model
     api = ApiConfig(name, config.max_model_len, args.api_key, args.max_body_bytes,
                     seed=args.seed)
     state = assemble(scheduler, backend, tokenizer, loaded.vocab_size, api,

@@ -6,11 +6,13 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
+from servelab.cluster_args import add_cluster_args, cluster_from_args, describe_cluster
 from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
     add_scheduler_args,
     deployment_backend,
+    format_classes,
     format_summaries,
     parse_policies,
     scheduler_config,
@@ -42,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_scheduler_args(parser)
+    add_cluster_args(parser)
     add_cost_model_args(parser)
     add_output_args(parser)
 
@@ -53,23 +56,34 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     configs = {p: scheduler_config(args, p, num_blocks, max_model_len) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    cluster = cluster_from_args(args, backend)
     trace = load_trace_from_args(args)
     slo = slo_from_args(args)
     outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
-                                  getattr(args, "workers", None))
+                                  getattr(args, "workers", None), cluster)
     results = {p: outcomes[p].summary for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
-          f"{configs[policies[0]].num_blocks} KV blocks of {args.block_size}")
+          f"{configs[policies[0]].num_blocks} KV blocks of {args.block_size}; "
+          f"{describe_cluster(cluster)}")
     print(format_summaries(results))
+    classes = format_classes(results)
+    if classes:
+        print(f"\n{classes}")
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
             "deployment": where,
             "scheduler": {p: {**asdict(c), "token_budget": c.budget} for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
+            "cluster": None if cluster is None else asdict(cluster),
         },
         "results": results,
     }
+    if cluster is not None:
+        payload["replicas"] = {p: outcomes[p].replicas.to_dict("records") for p in policies}
+        for policy in policies:
+            print(f"\n{policy}, per engine:")
+            print(format_replicas(outcomes[policy].replicas))
     if args.out is not None:
         _write_out(args.out, trace.name, outcomes)
         write_json_atomic(args.out / "summary.json", payload)
@@ -83,8 +97,18 @@ def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome
 
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {p: o.tables for p, o in outcomes.items()}
-    for policy, tables in runs.items():
-        tables.requests.to_csv(out_dir / f"requests_{policy}.csv", index=False)
-        tables.steps.to_parquet(out_dir / f"steps_{policy}.parquet", index=False)
+    count = 0
+    for policy, outcome in outcomes.items():
+        outcome.tables.requests.to_csv(out_dir / f"requests_{policy}.csv", index=False)
+        outcome.tables.steps.to_parquet(out_dir / f"steps_{policy}.parquet", index=False)
+        count += 2
+        if outcome.replicas is not None:
+            outcome.replicas.to_csv(out_dir / f"replicas_{policy}.csv", index=False)
+            count += 1
     paths = write_charts(runs, out_dir, title=trace_name)
-    print(f"wrote {len(paths)} charts and {2 * len(runs)} tables to {out_dir}")
+    print(f"wrote {len(paths)} charts and {count} tables to {out_dir}")
+
+
+def format_replicas(table) -> str:
+    """The per-engine table as text."""
+    return table.to_string(index=False, float_format=lambda v: f"{v:.3g}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from servelab.cluster_args import add_cluster_args, cluster_from_args
 from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
@@ -56,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-model-len", type=int, default=None)
     add_prefix_caching_arg(limits)
     add_cost_model_args(sweep)
+    add_cluster_args(sweep)
     add_output_args(sweep)
     run = sweep.add_argument_group("where")
     run.add_argument("--workers", type=int, default=None,
@@ -103,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     backend, num_blocks, max_len, where = deployment_backend(args)
     context = SweepContext(load_trace_from_args(args), backend, num_blocks, args.block_size,
                            args.max_model_len or max_len, slo_from_args(args),
-                           args.enable_prefix_caching)
+                           args.enable_prefix_caching, cluster_from_args(args, backend))
     for point in points:  # a bad combination fails now, before any run
         context.config(point)
     if args.ray is not None:

@@ -11,6 +11,7 @@ from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
 from sim.metrics import Slo
 from sim.scheduler import POLICIES, SchedulerConfig
+from sim.scheduler_config import QUEUES
 from workloads.files import atomic_output
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -29,6 +30,17 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-model-len", type=int, default=None,
                        help="prompt+output limit per request (default: the model's, <= 8192)")
     add_prefix_caching_arg(group)
+    queue = parser.add_argument_group("queue order")
+    queue.add_argument("--queue", default="fcfs", choices=QUEUES,
+                       help="who is admitted first: fcfs (default), priority (lower value "
+                            "first, may preempt lower priority), fair (VTC over tenants), sjf "
+                            "(shortest predicted output first)")
+    queue.add_argument("--queue-aging-s", type=float, default=SchedulerConfig.queue_aging_s,
+                       help="starvation bound: once a request has waited this long, no later "
+                            "arrival is admitted before it (default %(default)g)")
+    queue.add_argument("--sjf-noise", type=float, default=0.0,
+                       help="sjf's prediction error: log-space std of predicted/true output "
+                            "length (default 0: an oracle)")
 
 
 def add_prefix_caching_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -71,6 +83,9 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
         max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
         token_budget=args.token_budget,
         enable_prefix_caching=args.enable_prefix_caching,
+        queue=args.queue,
+        queue_aging_s=args.queue_aging_s,
+        sjf_noise=args.sjf_noise,
     )
 
 
@@ -122,6 +137,8 @@ def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default="llama-3-8b", help="model shape preset")
     group.add_argument("--hardware", default="h100", help="GPU preset: a100-80gb, h100, h200")
     group.add_argument("--dtype", default="bf16", help="bf16 or fp16")
+    group.add_argument("--tp", type=int, default=1,
+                       help="tensor-parallel GPUs per engine (analytic model; default 1)")
     group.add_argument("--cost-model", type=Path, default=None,
                        help="a calibration JSON from `servelab calibrate` instead of the "
                             "analytic model (its KV pool and max length become the defaults; "
@@ -146,6 +163,8 @@ def use_server_limits(args: argparse.Namespace, server: dict) -> None:
 def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
     """The cost model, its default KV blocks and max length, and a one-line description."""
     if args.cost_model is not None:
+        if getattr(args, "tp", 1) != 1:
+            raise ValueError("--tp prices the analytic model; a calibration is measured as is")
         model = CalibratedCostModel.load(args.cost_model)
         meta = model.meta
         if meta.get("server"):
@@ -155,7 +174,32 @@ def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str
                              f"{meta['block_size']}, --block-size is {args.block_size}")
         where = f"calibrated {meta.get('model', '?')} on {meta.get('hardware', '?')}"
         return model, meta.get("num_blocks", 4096), meta.get("max_model_len", 2048), where
-    model = AnalyticCostModel.preset(args.model, args.hardware, args.dtype)
+    tp = getattr(args, "tp", 1)
+    model = AnalyticCostModel.preset(args.model, args.hardware, args.dtype, tensor_parallel=tp)
     max_len = min(model.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    where = f"{args.model} on {args.hardware} ({args.dtype})"
+    gpus = f"{tp}x {args.hardware}" if tp > 1 else args.hardware
+    where = f"{args.model} on {gpus} ({args.dtype})"
     return model, model.kv_pool_blocks(args.block_size), max_len, where
+
+
+CLASS_COLUMNS = ("requests", "completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+                 "p99_itl_ms", "served_tokens")
+
+
+def format_classes(results: dict[str, dict]) -> str:
+    """Per-tenant and per-priority tables of every run that has them ('' when none has)."""
+    blocks = []
+    for name, summary in results.items():
+        for kind in ("tenants", "priorities"):
+            rows = summary.get(kind)
+            if not rows:
+                continue
+            header = f"{name}, per {kind[:-3] + 'y' if kind == 'priorities' else 'tenant'}"
+            if kind == "tenants":
+                header += f" (Jain's fairness index {summary['jain_fairness_index']:.3f})"
+            lines = [header, f"{'':<12}" + "".join(f"{c:>16}" for c in CLASS_COLUMNS)]
+            for key, row in rows.items():
+                cells = ["-" if row[c] is None else f"{row[c]:.1f}" for c in CLASS_COLUMNS]
+                lines.append(f"{key:<12}" + "".join(f"{c:>16}" for c in cells))
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -63,6 +63,8 @@ class Request:
     # Trace prefix ids, one per PREFIX_BLOCK_TOKENS prompt tokens: equal ids, equal content.
     # Pure simulation keys its cached blocks by them; None: the prompt shares nothing.
     prefix_hash_ids: tuple[int, ...] | None = None
+    priority: int = 0  # lower is served first under --queue priority (vLLM's convention)
+    tenant: str = ""  # who sent it: --queue fair shares service between tenants
     # Mutable state, owned by the Scheduler.
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -74,6 +76,9 @@ class Request:
     finish_s: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    # Prompt tokens whose KV arrives from elsewhere (a prefill engine, under P/D
+    # disaggregation): its next admission counts them computed, once.
+    num_external_tokens: int = 0
     block_hashes: list = field(default_factory=list)  # content keys of its full KV blocks
 
     def __post_init__(self) -> None:

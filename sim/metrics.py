@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sim.cluster import ClusterResult
 from sim.core import FinishReason, Request
 from sim.engine import StepRecord
+from sim.queues import FAIR_INPUT_WEIGHT, FAIR_OUTPUT_WEIGHT
 from sim.simulation import RunResult
 
 PERCENTILES = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
@@ -49,13 +51,13 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
             r.first_scheduled_s if r.first_scheduled_s is not None else np.nan,
             first, finish, r.num_preemptions, r.num_cached_tokens,
             r.finish_reason.value if r.finish_reason is not None else "unfinished",
-            r.finish_detail,
+            r.finish_detail, r.tenant, r.priority,
         ))
     table = pd.DataFrame(rows, columns=[
         "request_id", "arrival_s", "prompt_len", "max_new_tokens", "output_len",
         "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
         "num_cached_tokens", "finish_reason",
-        "finish_detail",
+        "finish_detail", "tenant", "priority",
     ])
     table["ttft_ms"] = (table["first_token_s"] - table["arrival_s"]) * 1e3
     table["e2el_ms"] = (table["finish_s"] - table["arrival_s"]) * 1e3
@@ -131,6 +133,7 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
     _stats("itl", inter_token_latencies_ms(result.requests), out)
     _stats("e2el", done["e2el_ms"].to_numpy(dtype=float), out)
     out.update(_step_summary(result))
+    out.update(class_summaries(result.requests, table))
     if slo is not None:
         good = np.ones(len(done), dtype=bool)
         if slo.ttft_ms is not None:
@@ -165,3 +168,115 @@ def _step_summary(result: RunResult) -> dict:
         # Share of computed rows that produced a token or prompt work (static pads the rest).
         "slot_utilization": float(useful_rows.sum() / batch.sum()),
     }
+
+
+def replica_table(cluster: ClusterResult) -> pd.DataFrame:
+    """One row per engine of a cluster run: its role, load, cache and latencies."""
+    end_s = max((r.finish_s for r in cluster.requests if r.finish_s is not None), default=0.0)
+    span_s = max(end_s - min((r.arrival_s for r in cluster.requests), default=0.0), 1e-12)
+    rows = []
+    for index, (role, engine, served) in enumerate(
+            zip(cluster.roles, cluster.engines, cluster.served, strict=True)):
+        scheduler = engine.scheduler
+        steps = RunResult(served, engine.steps, scheduler.num_preemptions,
+                          scheduler.config.num_blocks, scheduler.config.max_num_seqs)
+        step_stats = _step_summary(steps)
+        ttft = request_table(served)["ttft_ms"].to_numpy(dtype=float) if served else np.empty(0)
+        ttft = ttft[~np.isnan(ttft)]
+        queries = scheduler.prefix_cache_queries
+        rows.append({
+            "replica": index, "role": role, "requests": len(served),
+            "busy_frac": sum(s.duration_s for s in engine.steps) / span_s,
+            "num_steps": step_stats["num_steps"],
+            "mean_batch_size": step_stats["mean_batch_size"],
+            "mean_kv_usage": step_stats["mean_kv_usage"],
+            "preemptions": scheduler.num_preemptions,
+            "prefix_cache_hit_rate": scheduler.prefix_cache_hits / queries if queries else 0.0,
+            "median_ttft_ms": float(np.median(ttft)) if ttft.size else np.nan,
+            "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else np.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def served_by(cluster: ClusterResult) -> list[int]:
+    """The engine index each request ended on (P/D: its decode engine), in request order;
+    -1 for a request no engine kept (rejected before routing completed)."""
+    where = {id(r): index for index, served in enumerate(cluster.served) for r in served}
+    return [where.get(id(r), -1) for r in cluster.requests]
+
+
+# ---- per tenant and per priority class ---------------------------------------------------
+# Service is counted as `--queue fair` counts it (prompt tokens weighted 1, output tokens 2)
+# and only up to the last arrival: while requests still arrive the tenants compete (after
+# it every queue eventually serves everything). Jain's index is taken over each tenant's
+# service relative to its max-min fair share of what was served: 1 when a light tenant
+# gets all it asked and the heavy ones split the rest evenly.
+
+
+def class_summaries(requests: list[Request], table: pd.DataFrame) -> dict:
+    """`tenants` and `priorities` tables (only when a run has more than one of either) and
+    `jain_fairness_index` over tenants; {} for a run of one tenant and one class."""
+    out: dict = {}
+    tenants = [r.tenant for r in requests]
+    if len(set(tenants)) > 1:
+        out["tenants"] = rows = _by(requests, table, tenants)
+        served = [row["served_tokens"] for row in rows.values()]
+        fair = max_min_shares([row["demand_tokens"] for row in rows.values()], sum(served))
+        out["jain_fairness_index"] = jain_index(
+            [s / f if f else 1.0 for s, f in zip(served, fair, strict=True)])
+    priorities = [r.priority for r in requests]
+    if len(set(priorities)) > 1:
+        out["priorities"] = {str(k): v for k, v in _by(requests, table, priorities).items()}
+    return out
+
+
+def max_min_shares(demands: list[float], capacity: float) -> list[float]:
+    """Max-min fair split of capacity (water-filling): nobody gets more than it asked, and
+    what the small asks leave is shared equally by the rest."""
+    shares = [0.0] * len(demands)
+    left = capacity
+    order = sorted(range(len(demands)), key=demands.__getitem__)
+    for rank, i in enumerate(order):
+        shares[i] = min(demands[i], left / (len(demands) - rank))
+        left -= shares[i]
+    return shares
+
+
+def jain_index(values: list[float]) -> float:
+    """Jain's index: (sum x)^2 / (n sum x^2); 1 when all are equal, 1/n when one has all."""
+    x = np.asarray(values, dtype=float)
+    square = float((x * x).sum())
+    return float(x.sum() ** 2 / (len(x) * square)) if square > 0 else 1.0
+
+
+def _by(requests: list[Request], table: pd.DataFrame, keys: list) -> dict:
+    end_s = max(r.arrival_s for r in requests)
+    groups: dict = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    return {key: _group([requests[i] for i in rows], table.iloc[rows], end_s)
+            for key, rows in sorted(groups.items())}
+
+
+def _group(requests: list[Request], table: pd.DataFrame, end_s: float) -> dict:
+    done = table[table["finish_reason"].isin([f.value for f in _DONE])]
+    ttft = done["ttft_ms"].to_numpy(dtype=float)
+    itl = inter_token_latencies_ms(requests)
+    served = demand = 0.0
+    for r in requests:
+        demand += FAIR_INPUT_WEIGHT * r.prompt_len + FAIR_OUTPUT_WEIGHT * r.max_new_tokens
+        times = r.token_times_s
+        if times and times[0] <= end_s:  # the prompt is served by the first token's step
+            served += FAIR_INPUT_WEIGHT * r.prompt_len
+            served += FAIR_OUTPUT_WEIGHT * int(np.searchsorted(times, end_s, side="right"))
+    return {
+        "requests": len(requests), "completed": len(done),
+        "median_ttft_ms": _pct(ttft, 50), "p99_ttft_ms": _pct(ttft, 99),
+        "median_itl_ms": _pct(itl, 50), "p99_itl_ms": _pct(itl, 99),
+        "served_tokens": served, "demand_tokens": demand,
+    }
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(np.percentile(values, q)) if values.size else None

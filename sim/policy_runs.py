@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -13,11 +14,20 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from sim.core import Backend
+from sim.cluster import ClusterConfig, ClusterResult, run_cluster
+from sim.core import Backend, Request
 from sim.engine import Engine
-from sim.metrics import Slo, inter_token_latencies_ms, request_table, step_table, summarize
+from sim.metrics import (
+    Slo,
+    inter_token_latencies_ms,
+    replica_table,
+    request_table,
+    served_by,
+    step_table,
+    summarize,
+)
 from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
+from sim.simulation import RunResult, run_trace
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 
@@ -35,30 +45,49 @@ class RunTables:
 
 @dataclass
 class PolicyOutcome:
-    """One policy's summary, plus its tables when --out asked for them."""
+    """One policy's summary, plus its tables when --out asked for them, plus one row per
+    engine when it ran as a cluster."""
 
     summary: dict
     tables: RunTables | None = None
+    replicas: pd.DataFrame | None = None  # sim.metrics.replica_table()
 
 
 def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
-                    slo: Slo | None, keep_tables: bool, progress: bool = False) -> PolicyOutcome:
-    """Run one policy over the whole trace (a process-pool worker for compare)."""
+                    slo: Slo | None, keep_tables: bool, progress: bool = False,
+                    cluster: ClusterConfig | None = None) -> PolicyOutcome:
+    """Run one policy over the whole trace (a process-pool worker for compare), on one
+    engine or on the cluster described by `cluster`."""
     requests = requests_from_trace(trace)
-    engine = Engine(Scheduler(config), backend)
     bar = tqdm(total=round(trace.span_s, 1), unit="sim-s", file=sys.stderr,
                desc=config.policy, disable=None if progress else True, leave=False)
     on_step = _progress_hook(bar) if progress else None
-    result = run_trace(requests, engine, on_step=on_step)
+    result, ran = run_deployment(requests, config, backend, cluster, on_step)
+    replicas = None if ran is None else replica_table(ran)
     bar.close()
     summary = summarize(result, slo)
     if not keep_tables:
-        return PolicyOutcome(summary)
-    tables = RunTables(summary=summary, requests=request_table(result.requests),
-                       steps=step_table(result.steps),
+        return PolicyOutcome(summary, replicas=replicas)
+    table = request_table(result.requests)
+    if ran is not None:
+        table["replica"] = served_by(ran)
+    tables = RunTables(summary=summary, requests=table, steps=step_table(result.steps),
                        itl_ms=inter_token_latencies_ms(result.requests),
                        num_blocks=config.num_blocks)
-    return PolicyOutcome(summary, tables)
+    return PolicyOutcome(summary, tables, replicas)
+
+
+def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Backend,
+                   cluster: ClusterConfig | None = None,
+                   on_step: Callable[[float, list[Request]], None] | None = None,
+                   ) -> tuple[RunResult, ClusterResult | None]:
+    """Requests through one engine, or through the cluster `cluster` describes (every
+    engine with its own scheduler of `config`); the cluster's own result when there is one."""
+    if cluster is None or cluster.num_engines == 1 and not cluster.disaggregated:
+        return run_trace(requests, Engine(Scheduler(config), backend), on_step=on_step), None
+    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
+    ran = run_cluster(requests, engines, cluster, on_step=on_step)
+    return ran.run_result(), ran
 
 
 def _progress_hook(bar: tqdm):
@@ -74,18 +103,19 @@ def _progress_hook(bar: tqdm):
 
 
 def simulate_policies(trace: Trace, configs: dict[str, SchedulerConfig], backend: Backend,
-                      slo: Slo | None, keep_tables: bool, workers: int | None = None
-                      ) -> dict[str, PolicyOutcome]:
+                      slo: Slo | None, keep_tables: bool, workers: int | None = None,
+                      cluster: ClusterConfig | None = None) -> dict[str, PolicyOutcome]:
     """Each policy over the whole trace, one process each (up to `workers`, default one per
     core), a progress bar per policy when run in this process."""
     policies = list(configs)
     workers = workers or min(len(policies), os.cpu_count() or 1)
     if workers == 1 or len(policies) == 1:
-        return {p: simulate_policy(trace, configs[p], backend, slo, keep_tables, progress=True)
+        return {p: simulate_policy(trace, configs[p], backend, slo, keep_tables, True, cluster)
                 for p in policies}
     context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {p: pool.submit(simulate_policy, trace, configs[p], backend, slo, keep_tables)
+        futures = {p: pool.submit(simulate_policy, trace, configs[p], backend, slo, keep_tables,
+                                  False, cluster)
                    for p in policies}
         done = {}
         with tqdm(total=len(policies), unit="policy", file=sys.stderr, leave=False,

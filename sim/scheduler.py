@@ -8,11 +8,12 @@ gets its first token from prefill and the running ones advance exactly one token
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
 from sim.plan import add_decodes, add_to_plan, remove_from_plan
+from sim.queues import make_queue
 from sim.scheduler_config import POLICIES, SchedulerConfig
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
@@ -29,7 +30,12 @@ class Scheduler:
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
-        self.waiting: deque[Request] = deque()  # FCFS; preempted requests go to the front
+        # In --queue order (sim.queues); preempted requests go back to the front.
+        self.waiting = make_queue(config.queue, config.queue_aging_s, config.sjf_noise)
+        # Under `priority` running stays sorted by priority (stable): the tail, which
+        # preemption evicts, is the newest of the lowest class.
+        self._priority = config.queue == "priority"
+        self._fair = config.queue == "fair"
         self.running: list[Request] = []  # admission order: the newest is evicted first
         self.num_preemptions = 0
         # Prefix cache lookups at admission, in tokens, as vLLM counts them: every admission
@@ -96,7 +102,6 @@ class Scheduler:
     @property
     def has_unfinished(self) -> bool:
         return bool(self._live)
-
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -190,14 +195,17 @@ class Scheduler:
         plan.preempted.append(victim.request_id)
 
     def _admit(self, plan: BatchPlan, budget: int, now: float) -> None:
-        """Move waiting requests to running, FCFS, while slots, budget and KV allow."""
+        """Move waiting requests to running in queue order while slots, budget and KV allow."""
         bm = self.block_manager
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
-        while waiting and budget > 0 and len(self.running) < max_seqs:
-            request = waiting[0]
+        while waiting and budget > 0:
+            request = waiting.head(now)
+            if len(self.running) >= max_seqs and not self._preempt_for(request, plan):
+                break
             prefix = bm.cached_prefix(request) if self._caching else ()
-            cached = len(prefix) * bm.block_size
+            hit = len(prefix) * bm.block_size
+            cached = max(hit, request.num_external_tokens)
             n = request.num_tokens - cached
             if n > budget:
                 if not self._chunked:
@@ -205,37 +213,55 @@ class Scheduler:
                 n = budget
             need = request.prompt_len + request.max_new_tokens if self._reserve else cached + n
             if not bm.try_allocate(request.request_id, need, prefix):
+                if self._preempt_for(request, plan):
+                    continue
                 break
-            waiting.popleft()
-            self._start(request, plan, now, cached)
+            waiting.take(request)
+            self._start(request, plan, now, cached, hit)
             add_to_plan(plan, request, n)
             budget -= n
 
-    def _start(self, request: Request, plan: BatchPlan, now: float, cached: int) -> None:
-        """Running from now, its first `cached` tokens' KV found in the prefix cache."""
+    def _start(self, request: Request, plan: BatchPlan, now: float, cached: int,
+               hit: int) -> None:
+        """Running from now with the KV of its first `cached` tokens: `hit` of them found in
+        the prefix cache, the rest handed over from outside (num_external_tokens)."""
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = cached
+        request.num_external_tokens = 0  # a recompute after preemption starts from its own
         if self._caching:
             self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += cached
+            self.prefix_cache_hits += hit
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now
-            request.num_cached_tokens = cached
-        self.running.append(request)
+            request.num_cached_tokens = hit
+        if self._priority:
+            bisect.insort_right(self.running, request, key=lambda r: r.priority)
+        else:
+            self.running.append(request)
         plan.admitted.append(request.request_id)
+
+    def _preempt_for(self, request: Request, plan: BatchPlan) -> bool:
+        """Under `priority`, evict the lowest-priority running request to make room for a
+        waiting one of strictly higher priority; False (nothing done) otherwise."""
+        running = self.running
+        if self._priority and running and running[-1].priority > request.priority:
+            self._preempt(running[-1], plan)
+            return True
+        return False
 
     def _schedule_static(self, plan: BatchPlan, now: float) -> None:
         """Batch at a time: a new batch only once every row of the last one finished."""
         if not self.running and not self._padding:
             bm = self.block_manager
             while self.waiting and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting[0]
+                request = self.waiting.head(now)
                 prefix = bm.cached_prefix(request) if self._caching else ()
                 need = request.prompt_len + request.max_new_tokens
                 if not bm.try_allocate(request.request_id, need, prefix):
                     break
-                self.waiting.popleft()
-                self._start(request, plan, now, len(prefix) * bm.block_size)
+                self.waiting.take(request)
+                hit = len(prefix) * bm.block_size
+                self._start(request, plan, now, max(hit, request.num_external_tokens), hit)
         if plan.admitted:  # the batch's prefill step
             for request in self.running:
                 add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
@@ -256,6 +282,9 @@ class Scheduler:
         static = self._static
         block_size = self.block_manager.block_size
         cache_blocks = self.block_manager.cache_blocks if self._caching else None
+        if self._fair:  # service counted before the step's tokens are applied
+            for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
+                self.waiting.charge(request, n)
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             computed = request.num_computed_tokens + n

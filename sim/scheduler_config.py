@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("static", "continuous", "recompute", "chunked")
+QUEUES = ("fcfs", "priority", "fair", "sjf")  # sim.queues implements them
 DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
 
 
@@ -23,10 +24,23 @@ class SchedulerConfig:
     token_budget: int | None = None
     # Share full KV blocks by content (vLLM's automatic prefix caching, on by default there).
     enable_prefix_caching: bool = True
+    # Who is admitted first (sim.queues): fcfs, priority, fair or sjf. Under `priority` a
+    # waiting request may also preempt a running one of lower priority.
+    queue: str = "fcfs"
+    # Starvation bound of the non-FCFS orders: once a request has waited this long, no
+    # request that arrived after it is admitted before it.
+    queue_aging_s: float = 60.0
+    sjf_noise: float = 0.0  # log-space std of sjf's output-length prediction (0: oracle)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
+        if self.queue not in QUEUES:
+            raise ValueError(f"unknown queue {self.queue!r}; choose from {', '.join(QUEUES)}")
+        if not self.queue_aging_s > 0:
+            raise ValueError(f"queue_aging_s must be > 0, got {self.queue_aging_s}")
+        if not self.sjf_noise >= 0:
+            raise ValueError(f"sjf_noise must be >= 0, got {self.sjf_noise}")
         for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")

@@ -1,5 +1,5 @@
-"""Turn a workloads Trace into scheduler Requests (trace output length = max_new_tokens,
-prefix hash ids kept for prefix caching)."""
+"""Turn a workloads Trace into scheduler Requests (trace output length = max_new_tokens;
+prefix hash ids, tenants and priorities kept)."""
 
 from __future__ import annotations
 
@@ -24,15 +24,24 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
     sampling.seed and its id, so no two requests share a random stream.
     """
     params = sampling or SamplingParams()
-    hashes = (trace.table["prefix_hash_ids"].map(tuple).tolist() if trace.has_prefix_hashes
+    table = trace.table
+    hashes = (table["prefix_hash_ids"].map(tuple).tolist() if trace.has_prefix_hashes
               else [None] * len(trace))
     rows = zip(trace.request_ids, trace.arrival_s.tolist(), trace.prompt_len.tolist(),
                trace.output_len.tolist(), hashes, strict=True)
     if not seed_requests:
-        return [Request(rid, t, p, o, sampling=params, prefix_hash_ids=h)
-                for rid, t, p, o, h in rows]
-    return [
-        Request(rid, t, p, o, prefix_hash_ids=h,
-                sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
-        for rid, t, p, o, h in rows
-    ]
+        requests = [Request(rid, t, p, o, sampling=params, prefix_hash_ids=h)
+                    for rid, t, p, o, h in rows]
+    else:
+        requests = [
+            Request(rid, t, p, o, prefix_hash_ids=h,
+                    sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
+            for rid, t, p, o, h in rows
+        ]
+    if "tenant" in table:
+        for request, tenant in zip(requests, table["tenant"].tolist(), strict=True):
+            request.tenant = str(tenant)
+    if "priority" in table:
+        for request, priority in zip(requests, table["priority"].tolist(), strict=True):
+            request.priority = int(priority)
+    return requests

@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from sim.cluster import ClusterConfig
 from sim.core import Backend
-from sim.engine import Engine
 from sim.metrics import Slo, summarize
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
+from sim.policy_runs import run_deployment
+from sim.scheduler import SchedulerConfig
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
@@ -56,6 +56,7 @@ class SweepContext:
     max_model_len: int = 8192
     slo: Slo | None = None  # goodput SLOs, if any
     enable_prefix_caching: bool = True
+    cluster: ClusterConfig | None = None  # replicas or a P/D split; None: one engine
 
     def config(self, point: SweepPoint) -> SchedulerConfig:
         return SchedulerConfig(
@@ -118,8 +119,9 @@ def run_point(context: SweepContext, point: SweepPoint) -> dict:
     """Simulate one point; its row: the point, the resolved limits, the rate, the summary."""
     config = context.config(point)  # invalid combinations fail here, naming the limit
     trace = scale_qps(context.trace, point.qps_scale) if point.qps_scale != 1 else context.trace
-    engine = Engine(Scheduler(config), context.backend)
-    summary = summarize(run_trace(requests_from_trace(trace), engine), context.slo)
+    result, _ = run_deployment(requests_from_trace(trace), config, context.backend,
+                               context.cluster)
+    summary = summarize(result, context.slo)
     row = asdict(point)
     row.update(num_blocks=config.num_blocks, token_budget=config.budget,
                rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)

@@ -1,7 +1,8 @@
 """Where sweep points run: this process, a local process pool, or a Ray cluster.
 
-Each runner maps points to rows in order and ships the shared SweepContext (the trace and
-the cost model) to a worker once, not once per point.
+Each runner maps points to rows in order with a task (context, point) -> row, run_point by
+default, and ships the shared context (the trace and the cost model) to a worker once, not
+once per point. The capacity planner runs its own points through the same runners.
 """
 
 from __future__ import annotations
@@ -9,24 +10,27 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from tqdm import tqdm
 
-from sweeps.grid import SweepContext, SweepPoint, run_point
+from sweeps.grid import run_point
 
-_CONTEXT: SweepContext | None = None  # a pool worker's copy, set by its initializer
-
-
-def _init_worker(context: SweepContext) -> None:
-    global _CONTEXT
-    _CONTEXT = context
+Task = Callable[[Any, Any], dict]  # (context, point) -> row; a module-level function
+_CONTEXT: Any = None  # a pool worker's copy of the context, set by its initializer
+_TASK: Task = run_point
 
 
-def _run_in_worker(point: SweepPoint) -> dict:
+def _init_worker(context: Any, task: Task) -> None:
+    global _CONTEXT, _TASK
+    _CONTEXT, _TASK = context, task
+
+
+def _run_in_worker(point: Any) -> dict:
     assert _CONTEXT is not None, "pool worker started without a sweep context"
-    return run_point(_CONTEXT, point)
+    return _TASK(_CONTEXT, point)
 
 
 def _bar(total: int, progress: bool) -> tqdm:
@@ -37,13 +41,14 @@ def _bar(total: int, progress: bool) -> tqdm:
 class LocalRunner:
     """Points on `workers` local processes (1: in this process)."""
 
-    def __init__(self, context: SweepContext, workers: int | None = None,
-                 progress: bool = False) -> None:
+    def __init__(self, context: Any, workers: int | None = None,
+                 progress: bool = False, task: Task = run_point) -> None:
         self.workers = workers if workers is not None else (os.cpu_count() or 1)
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         self.context = context
         self.progress = progress
+        self.task = task
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> LocalRunner:
@@ -51,19 +56,19 @@ class LocalRunner:
             method = "fork" if os.name == "posix" else "spawn"
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context(method),
-                initializer=_init_worker, initargs=(self.context,))
+                initializer=_init_worker, initargs=(self.context, self.task))
         return self
 
     def __exit__(self, *exc) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
-    def __call__(self, points: Sequence[SweepPoint]) -> list[dict]:
+    def __call__(self, points: Sequence[Any]) -> list[dict]:
         with _bar(len(points), self.progress) as bar:
             if self._pool is None:
                 rows = []
                 for point in points:
-                    rows.append(run_point(self.context, point))
+                    rows.append(self.task(self.context, point))
                     bar.update(1)
                 return rows
             futures = [self._pool.submit(_run_in_worker, p) for p in points]
@@ -79,8 +84,8 @@ class RayRunner:
     are in flight (default: as many as the cluster schedules).
     """
 
-    def __init__(self, context: SweepContext, address: str, workers: int | None = None,
-                 progress: bool = False) -> None:
+    def __init__(self, context: Any, address: str, workers: int | None = None,
+                 progress: bool = False, task: Task = run_point) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -92,19 +97,20 @@ class RayRunner:
         self.workers = workers
         self.context = context
         self.progress = progress
+        self.task = task
 
     def __enter__(self) -> RayRunner:
         ray = self._ray
         address = None if self.address == "auto" else self.address
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
         self._context_ref = ray.put(self.context)
-        self._task = ray.remote(num_cpus=1)(run_point)
+        self._task = ray.remote(num_cpus=1)(self.task)
         return self
 
     def __exit__(self, *exc) -> None:
         self._ray.shutdown()
 
-    def __call__(self, points: Sequence[SweepPoint]) -> list[dict]:
+    def __call__(self, points: Sequence[Any]) -> list[dict]:
         limit = self.workers or len(points)
         refs: list = []
         in_flight: list = []

@@ -1,0 +1,78 @@
+"""How fast the simulator replays a large trace over many replicas, on one core.
+
+The target: a 1,000,000-request synthetic trace over 32 replicas behind a router within
+120 s (the reference: one replica of the 8,819-request azure-code trace took 41 s in the
+best existing simulator on the same machine class). The trace has azure-conv's lengths
+(resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
+deployment is Llama-3-8B on one H100 per replica, chunked prefill. Prints the wall time of
+the replay alone and its cost per request, per engine step and per token.
+
+    python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+from sim.cluster import ClusterConfig, run_cluster
+from sim.cost_model import AnalyticCostModel
+from sim.engine import Engine
+from sim.metrics import summarize
+from sim.router import RouterConfig
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.workload import requests_from_trace
+from workloads import open_trace
+
+REFERENCE_S = 41.0  # one replica of azure-code in the best existing simulator
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--replicas", type=int, default=32)
+    parser.add_argument("--rate-per-replica", type=float, default=12.0)
+    parser.add_argument("--router", default="least-requests")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rate = args.rate_per_replica * args.replicas
+    spec = (f"synthetic:n={args.requests},rate={rate:g},prompt=empirical(azure-conv),"
+            "output=empirical(azure-conv)")
+    start = time.perf_counter()
+    requests = requests_from_trace(open_trace(spec, seed=args.seed))
+    built_s = time.perf_counter() - start
+    backend = AnalyticCostModel.preset("llama-3-8b", "h100")
+    config = SchedulerConfig(policy="chunked", num_blocks=backend.kv_pool_blocks(16))
+    engines = [Engine(Scheduler(config), backend) for _ in range(args.replicas)]
+    cluster = ClusterConfig(num_replicas=args.replicas, router=RouterConfig(args.router))
+    start = time.perf_counter()
+    result = run_cluster(requests, engines, cluster)
+    replay_s = time.perf_counter() - start
+    summary = summarize(result.run_result())
+    steps = summary["num_steps"]
+    tokens = summary["total_output"]
+    print(f"{cpu_model()}; {args.requests} requests, {args.replicas} replicas, router "
+          f"{args.router}, {rate:g} req/s")
+    print(f"trace built in {built_s:.1f} s; replay {replay_s:.1f} s wall "
+          f"(target 120 s; reference {REFERENCE_S:.0f} s for 8,819 requests on one replica)")
+    print(f"  {replay_s / args.requests * 1e6:.1f} us per request, {replay_s / steps * 1e6:.1f} us "
+          f"per step ({steps} steps, mean batch {summary['mean_batch_size']:.1f}), "
+          f"{replay_s / tokens * 1e9:.0f} ns per output token ({tokens} tokens)")
+    print(f"  completed {summary['completed']}, rejected {summary['rejected']}, "
+          f"p99 TTFT {summary['p99_ttft_ms']:.0f} ms, p99 ITL {summary['p99_itl_ms']:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

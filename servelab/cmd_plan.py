@@ -1,0 +1,171 @@
+"""`servelab plan`: the cheapest deployments that hold a p99 TTFT and ITL SLO on a trace."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.cluster_args import parse_pd
+from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
+from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.cluster import DEFAULT_KV_LINK_GBPS
+from sim.hardware import HARDWARE_SPECS
+from sim.router import ROUTERS
+from sweeps.grid import CapacitySlo, find_capacity
+from sweeps.plan import (
+    Family,
+    PlanContext,
+    PlanPoint,
+    cheapest,
+    fitting_families,
+    run_plan_point,
+    simulate_args,
+    smallest_scales,
+)
+from sweeps.runners import LocalRunner, RayRunner
+
+_TABLE = ("deployment", "engines", "gpus", "usd_per_hour", "p99_ttft_ms", "p99_itl_ms",
+          "max_rate_rps")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    plan = subparsers.add_parser(
+        "plan", help="cheapest deployments (GPUs, TP, replicas, P/D, router) holding an SLO",
+        description=__doc__.splitlines()[0])
+    add_trace_args(plan, positional=False)
+    slo = plan.add_argument_group("SLO")
+    slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
+    slo.add_argument("--slo-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
+    space = plan.add_argument_group("search space (comma-separated lists)")
+    space.add_argument("--model", default="llama-3-8b", help="model shape preset")
+    space.add_argument("--dtype", default="bf16")
+    space.add_argument("--hardware", default=",".join(HARDWARE_SPECS), help="GPU presets")
+    space.add_argument("--tp", default="1,2,4,8", help="tensor-parallel degrees")
+    space.add_argument("--routers", default="least-requests", help=", ".join(ROUTERS))
+    space.add_argument("--pd-ratios", default="1:1,1:3",
+                       help="prefill:decode ratios tried besides co-located ('' for none)")
+    space.add_argument("--policies", default="chunked")
+    space.add_argument("--max-num-seqs", default="256")
+    space.add_argument("--token-budgets", default="2048", help="per-step token budgets")
+    space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
+    space.add_argument("--gpu-prices", default="",
+                       help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
+    fixed = plan.add_argument_group("fixed")
+    fixed.add_argument("--block-size", type=int, default=16)
+    fixed.add_argument("--max-model-len", type=int, default=None)
+    fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
+    add_prefix_caching_arg(fixed)
+    out = plan.add_argument_group("output and where")
+    out.add_argument("--top", type=int, default=5, help="cheapest deployments listed")
+    out.add_argument("--rate-range", default="1,16",
+                     help="qps scales to search the cheapest per GPU's highest rate in")
+    out.add_argument("--json", type=Path, default=None)
+    out.add_argument("--out", type=Path, default=None, help="tables and the chart")
+    out.add_argument("--workers", type=int, default=None)
+    out.add_argument("--ray", metavar="ADDRESS", default=None)
+    plan.set_defaults(func=_run)
+
+
+def _list(text: str, kind: type = str) -> list:
+    try:
+        return [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"cannot read the list {text!r}") from None
+
+
+def _prices(text: str) -> dict[str, float]:
+    prices = {}
+    for item in _list(text):
+        name, _, value = item.partition("=")
+        try:
+            prices[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--gpu-prices: expected NAME=DOLLARS, got {item!r}") from None
+    return prices
+
+
+def _families(args: argparse.Namespace) -> list[Family]:
+    for router in _list(args.routers):
+        if router not in ROUTERS:
+            raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
+    shapes = [None, *(parse_pd(r) for r in _list(args.pd_ratios))]
+    return [Family(hw, tp, router, pd, policy, seqs, budget)
+            for hw in _list(args.hardware) for tp in _list(args.tp, int)
+            for router in _list(args.routers) for pd in shapes
+            for policy in _list(args.policies) for seqs in _list(args.max_num_seqs, int)
+            for budget in _list(args.token_budgets, int)]
+
+
+def _run(args: argparse.Namespace) -> int:
+    slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
+    low, high = _list(args.rate_range, float) if args.rate_range else (1.0, 16.0)
+    trace = load_trace_from_args(args)
+    context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
+                          args.block_size, args.max_model_len, args.kv_link_gbps,
+                          args.enable_prefix_caching)
+    families, skipped = fitting_families(context, _families(args))
+    for line in skipped:
+        print(f"skipped {line}")
+    if not families:
+        raise ValueError("no deployment in the search space fits its GPUs")
+    runner_type = RayRunner if args.ray is not None else LocalRunner
+    where = (args.ray,) if args.ray is not None else ()
+    with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
+        met, probes = smallest_scales(run, families, slo, args.max_engines)
+        best = cheapest(met, per="hardware")
+        found = find_capacity(run, [PlanPoint(_family(r), r["scale"]) for r in best], slo,
+                              low, high) if best else []
+    for row, capacity in zip(best, found, strict=True):
+        row["max_qps_scale"] = capacity.qps_scale
+        row["max_rate_rps"] = capacity.rate_rps
+    _print(trace, slo, best, cheapest(met)[:args.top], len(probes))
+    for row in [*best, *cheapest(met)[:args.top]]:
+        row["simulate_args"] = simulate_args(row, context)
+    payload = {"trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+               "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
+               "cheapest_per_hardware": best, "cheapest": cheapest(met)[:args.top],
+               "skipped": skipped, "probes": len(probes)}
+    if args.out is not None:
+        _write_out(args.out, probes, best, slo, trace.name)
+    if args.json is not None:
+        write_json_atomic(args.json, payload)
+    return 0
+
+
+def _family(row: dict) -> Family:
+    pd_ratio = None if not row["pd"] else tuple(v // row["scale"] for v in parse_pd(row["pd"]))
+    return Family(row["hardware"], row["tp"], row["router"], pd_ratio, row["policy"],
+                  row["max_num_seqs"], row["token_budget"])
+
+
+def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], probes: int) -> None:
+    print(f"plan for {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} "
+          f"req/s; p99 TTFT <= {slo.ttft_p99_ms:g} ms, p99 ITL <= {slo.itl_p99_ms:g} ms; "
+          f"{probes} simulations")
+    if not best:
+        print("no deployment in the search space holds the SLO")
+        return
+    print("\ncheapest per GPU type (max_rate_rps: the highest rate it holds the SLO at):")
+    print(_table(best))
+    print(f"\ncheapest {len(top)} overall:")
+    print(_table(top))
+
+
+def _table(rows: list[dict]) -> str:
+    frame = pd.DataFrame(rows)
+    columns = [c for c in _TABLE if c in frame]
+    return frame[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def _write_out(out_dir: Path, probes: list[dict], best: list[dict], slo: CapacitySlo,
+               title: str) -> None:
+    from reporting.plan_chart import plan_chart
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame(probes)
+    table.to_csv(out_dir / "plan_probes.csv", index=False)
+    pd.DataFrame(best).to_csv(out_dir / "plan_cheapest.csv", index=False)
+    path = plan_chart(table, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
+    print(f"wrote plan_probes.csv, plan_cheapest.csv and {path.name} to {out_dir}")

@@ -1,0 +1,229 @@
+"""A cluster in one SimPy environment: replicas behind a router, or prefill and decode pools.
+
+Each engine (its own scheduler and KV pool) is a SimPy process stepping on the shared clock;
+an arrival process routes each request at its arrival time by a snapshot of every replica.
+Under prefill/decode disaggregation a request is first prefilled on a prefill engine, then
+its prompt's KV crosses the prefill engine's link (bytes / bandwidth, one transfer at a time)
+to a decode engine the router picks among the decode pool, which computes the last prompt
+token (the first decode step) and samples the first token: TTFT includes all of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.core import Request
+from sim.engine import Engine, StepRecord
+from sim.router import ReplicaLoad, Router, RouterConfig
+from sim.simulation import RunResult, StalledError
+
+# A 400 Gb/s NIC (ConnectX-7 / InfiniBand NDR), the default KV link of a prefill engine.
+DEFAULT_KV_LINK_GBPS = 400.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How many engines, in which roles, behind which router."""
+
+    num_replicas: int = 1  # engines serving whole requests (co-located prefill and decode)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    # Prefill/decode disaggregation: num_prefill prefill engines and num_decode decode
+    # engines instead of num_replicas co-located ones (both 0: co-located).
+    num_prefill: int = 0
+    num_decode: int = 0
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS  # each prefill engine's link, Gb/s
+    kv_bytes_per_token: int = 0  # the model's K and V bytes per token (whole model)
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.num_replicas}")
+        if (self.num_prefill > 0) != (self.num_decode > 0) or min(
+                self.num_prefill, self.num_decode) < 0:
+            raise ValueError(f"P/D needs >= 1 prefill and >= 1 decode engine, got "
+                             f"{self.num_prefill}:{self.num_decode}")
+        if not self.kv_link_gbps > 0:
+            raise ValueError(f"kv link must be > 0 Gb/s, got {self.kv_link_gbps}")
+        if self.kv_bytes_per_token < 0:
+            raise ValueError("kv_bytes_per_token must be >= 0")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.num_prefill > 0
+
+    @property
+    def num_engines(self) -> int:
+        return self.num_prefill + self.num_decode if self.disaggregated else self.num_replicas
+
+    def roles(self) -> list[str]:
+        """Each engine's role, by index: 'mixed', or 'prefill' then 'decode'."""
+        if not self.disaggregated:
+            return ["mixed"] * self.num_replicas
+        return ["prefill"] * self.num_prefill + ["decode"] * self.num_decode
+
+    def transfer_s(self, num_tokens: int) -> float:
+        """Seconds to move num_tokens tokens of KV over one prefill engine's link."""
+        return num_tokens * self.kv_bytes_per_token * 8 / (self.kv_link_gbps * 1e9)
+
+
+@dataclass
+class ClusterResult:
+    """Every request, and each engine's role, steps and the requests it served."""
+
+    requests: list[Request]
+    roles: list[str]
+    engines: list[Engine]
+    served: list[list[Request]]  # per engine: requests routed to it (P/D: the originals)
+    transfer_s: list[float] = field(default_factory=list)  # per P/D request: link time
+
+    def run_result(self) -> RunResult:
+        """The whole cluster as one run: the summary keys keep their single-engine meaning,
+        step statistics pool every engine's steps."""
+        steps: list[StepRecord] = [s for engine in self.engines for s in engine.steps]
+        config = self.engines[0].scheduler.config
+        return RunResult(
+            requests=self.requests, steps=steps,
+            num_preemptions=sum(e.scheduler.num_preemptions for e in self.engines),
+            num_blocks=config.num_blocks, max_num_seqs=config.max_num_seqs,
+        )
+
+
+def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: ClusterConfig,
+                on_step: Callable[[float, list[Request]], None] | None = None) -> ClusterResult:
+    """Replay requests (sorted by arrival_s) through the cluster until all have finished."""
+    if len(engines) != config.num_engines:
+        raise ValueError(f"cluster of {config.num_engines} engines given {len(engines)}")
+    env = simpy.Environment()
+    cluster = _Cluster(env, list(engines), config, on_step)
+    env.process(cluster.arrivals(requests))
+    for index in range(len(engines)):
+        env.process(cluster.stepping(index))
+    env.run()
+    stuck = sum(not r.is_finished for r in requests)
+    if stuck:
+        raise StalledError(f"t={env.now:.3f}s: {stuck} requests never finished")
+    return ClusterResult(list(requests), config.roles(), list(engines), cluster.served,
+                         cluster.transfers)
+
+
+class _Cluster:
+    """The processes of one cluster replay: arrivals, one stepping loop per engine, and a
+    KV hand-off per disaggregated request."""
+
+    def __init__(self, env: simpy.Environment, engines: list[Engine], config: ClusterConfig,
+                 on_step: Callable[[float, list[Request]], None] | None) -> None:
+        self.env, self.engines, self.config, self.on_step = env, engines, config, on_step
+        self.router = Router(config.router)
+        # Decode engines get their own router: its turn counter must not follow arrivals.
+        self.decode_router = Router(config.router)
+        self.wake: list[simpy.Event | None] = [None] * len(engines)
+        self.served: list[list[Request]] = [[] for _ in engines]
+        self.transfers: list[float] = []
+        pools = range(len(engines))
+        self.entry = list(pools[:config.num_prefill]) if config.disaggregated else list(pools)
+        self.decode = list(pools[config.num_prefill:]) if config.disaggregated else []
+        self.links = {i: simpy.Resource(env, capacity=1) for i in pools[:config.num_prefill]}
+        self.origin: dict[int, Request] = {}  # id(prefill stand-in) -> the request it serves
+        # A server's path from the socket to its scheduler (a calibration from a URL
+        # measures it): each engine sees a request this much after it arrived.
+        self.delay_s = getattr(engines[0].backend, "request_overhead_s", 0.0)
+
+    def arrivals(self, requests: Sequence[Request]):
+        env = self.env
+        for request in requests:
+            delay = request.arrival_s + self.delay_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            index = self._route(self.router, self.entry, request)
+            self.served[index].append(request)
+            if not self.config.disaggregated:
+                self._add(index, request)
+                continue
+            stand_in = _prefill_stand_in(request)
+            if self._add(index, stand_in):
+                self.origin[id(stand_in)] = request
+            else:  # it can never fit: rejected at once, as a single engine would
+                _copy_finish(stand_in, request)
+
+    def _route(self, router: Router, pool: list[int], request: Request) -> int:
+        """The engine (an index into self.engines) router picks from pool for request."""
+        if not router.needs_loads:
+            return pool[router.choose(request.prompt_len, len(pool))]
+        schedulers = [self.engines[i].scheduler for i in pool]
+        # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
+        # so the KV usage and the prefix match are read only by routers that use them.
+        if router.needs_prefix:
+            loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage,
+                                 len(s.block_manager.cached_prefix(request))
+                                 * s.block_manager.block_size) for s in schedulers]
+        elif router.needs_kv:
+            loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage)
+                     for s in schedulers]
+        else:
+            loads = [ReplicaLoad(len(s.running), len(s.waiting), 0.0) for s in schedulers]
+        return pool[router.choose(request.prompt_len, loads)]
+
+    def _add(self, index: int, request: Request) -> bool:
+        """Queue request on engine index and wake it; False if the engine rejected it."""
+        if not self.engines[index].add(request):
+            return False
+        event = self.wake[index]
+        if event is not None:
+            self.wake[index] = None
+            event.succeed()
+        return True
+
+    def stepping(self, index: int):
+        env, engine = self.env, self.engines[index]
+        prefill = self.config.disaggregated and index < self.config.num_prefill
+        while True:
+            start_s = env.now
+            plan = engine.schedule(start_s)
+            if plan is None:  # idle: sleep until a request is routed here
+                self.wake[index] = env.event()
+                yield self.wake[index]
+                continue
+            result = engine.execute(plan)
+            yield env.timeout(result.duration_s)
+            finished = engine.finish_step(plan, result, start_s)
+            if prefill:
+                for stand_in in finished:
+                    env.process(self._hand_off(index, stand_in))
+            if self.on_step is not None:
+                self.on_step(env.now, finished)
+
+    def _hand_off(self, index: int, stand_in: Request):
+        """Move a prefilled prompt's KV to a decode engine, then queue the request there."""
+        request = self.origin.pop(id(stand_in))
+        if not stand_in.token_times_s:  # it ended without its prompt computed
+            _copy_finish(stand_in, request)
+            return
+        transfer_s = self.config.transfer_s(request.prompt_len)
+        with self.links[index].request() as link:
+            yield link
+            yield self.env.timeout(transfer_s)
+        self.transfers.append(transfer_s)
+        request.first_scheduled_s = stand_in.first_scheduled_s
+        request.num_cached_tokens = stand_in.num_cached_tokens
+        request.num_preemptions = stand_in.num_preemptions
+        # The decode engine computes only the last prompt token: the first decode step.
+        request.num_external_tokens = request.prompt_len - 1
+        target = self._route(self.decode_router, self.decode, request)
+        self.served[target].append(request)
+        self._add(target, request)
+
+
+def _prefill_stand_in(request: Request) -> Request:
+    """The request as a prefill engine runs it: the same prompt, one token to produce."""
+    return Request(request.request_id, request.arrival_s, request.prompt_len, 1,
+                   prompt_token_ids=request.prompt_token_ids, sampling=request.sampling,
+                   prefix_hash_ids=request.prefix_hash_ids)
+
+
+def _copy_finish(source: Request, target: Request) -> None:
+    target.status = source.status
+    target.finish_reason = source.finish_reason
+    target.finish_detail = source.finish_detail
+    target.finish_s = source.finish_s

@@ -1,0 +1,188 @@
+"""Capacity planning: the cheapest deployments that hold a latency SLO on a trace.
+
+A family fixes the GPU, tensor-parallel degree, router, P/D ratio and engine limits; its
+scale is the number of replicas (co-located) or of P:D groups (scale x P prefill and
+scale x D decode engines). The planner finds each family's smallest scale meeting the SLO
+at the trace's rate (latency falls as engines are added: doubling from 1, then bisection),
+prices it in GPU-hours, and then finds the highest rate the cheapest ones hold. Each round
+runs one probe per unfinished family through a sweep runner, so a pool works on all of
+them at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
+from sim.cost_model import AnalyticCostModel
+from sim.hardware import gpu_hour_usd
+from sim.metrics import summarize
+from sim.policy_runs import run_deployment
+from sim.router import RouterConfig
+from sim.scheduler import SchedulerConfig
+from sim.workload import requests_from_trace
+from sweeps.grid import CapacitySlo, Runner
+from workloads.trace import Trace
+from workloads.transforms import scale_qps
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything about a deployment but how many engines it has."""
+
+    hardware: str
+    tp: int = 1
+    router: str = "least-requests"
+    pd: tuple[int, int] | None = None  # prefill:decode engines per group; None: co-located
+    policy: str = "chunked"
+    max_num_seqs: int = 256
+    token_budget: int | None = None
+
+    def engines_per_scale(self) -> int:
+        return 1 if self.pd is None else self.pd[0] + self.pd[1]
+
+    def label(self) -> str:
+        shape = "co-located" if self.pd is None else f"P/D {self.pd[0]}:{self.pd[1]}"
+        return f"{self.hardware} tp{self.tp} {shape} {self.router}"
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """A family at one scale and one rate: what one simulation prices."""
+
+    family: Family
+    scale: int
+    qps_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What every probe shares: the trace (at its own rate), the model, the SLO, prices."""
+
+    trace: Trace
+    slo: CapacitySlo
+    model: str = "llama-3-8b"
+    dtype: str = "bf16"
+    prices: dict[str, float] = field(default_factory=dict)  # overrides, $ per GPU-hour
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's, at most 8192
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
+    enable_prefix_caching: bool = True
+
+    def backend(self, family: Family) -> AnalyticCostModel:
+        return AnalyticCostModel.preset(self.model, family.hardware, self.dtype,
+                                        tensor_parallel=family.tp)
+
+    def deployment(self, point: PlanPoint) -> tuple[AnalyticCostModel, SchedulerConfig,
+                                                     ClusterConfig]:
+        """The cost model, each engine's scheduler config and the cluster of a point."""
+        family, backend = point.family, self.backend(point.family)
+        spec = backend.model
+        config = SchedulerConfig(
+            policy=family.policy, num_blocks=backend.kv_pool_blocks(self.block_size),
+            block_size=self.block_size, max_num_seqs=family.max_num_seqs,
+            max_model_len=self.max_model_len or min(spec.max_position_embeddings,
+                                                    DEFAULT_MAX_MODEL_LEN),
+            token_budget=family.token_budget, enable_prefix_caching=self.enable_prefix_caching)
+        prefill, decode = (0, 0) if family.pd is None else family.pd
+        cluster = ClusterConfig(
+            num_replicas=point.scale if family.pd is None else 1,
+            router=RouterConfig(family.router), num_prefill=prefill * point.scale,
+            num_decode=decode * point.scale, kv_link_gbps=self.kv_link_gbps,
+            kv_bytes_per_token=spec.kv_bytes_per_token(backend.dtype_bytes))
+        return backend, config, cluster
+
+
+def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
+    """Simulate one point; its row: the deployment, its price, the rate, the summary."""
+    backend, config, cluster = context.deployment(point)
+    trace = context.trace
+    if point.qps_scale != 1:
+        trace = scale_qps(trace, point.qps_scale)
+    result, _ = run_deployment(requests_from_trace(trace), config, backend, cluster)
+    summary = summarize(result)
+    family = point.family
+    gpus = cluster.num_engines * family.tp
+    row = {key: value for key, value in asdict(family).items() if key != "pd"}
+    row.update(
+        deployment=family.label(),
+        pd=f"{cluster.num_prefill}:{cluster.num_decode}" if cluster.disaggregated else "",
+        scale=point.scale, engines=cluster.num_engines, gpus=gpus,
+        usd_per_hour=gpus * gpu_hour_usd(family.hardware, context.prices),
+        qps_scale=point.qps_scale, num_blocks=config.num_blocks,
+        rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+    row.update(summary)
+    row["meets_slo"] = context.slo.met(row)
+    return row
+
+
+def fitting_families(context: PlanContext, families: Sequence[Family]
+                     ) -> tuple[list[Family], list[str]]:
+    """The families whose model fits their GPUs, and a line for each one left out."""
+    kept, skipped = [], []
+    for family in families:
+        try:
+            context.backend(family).kv_pool_blocks(context.block_size)
+        except ValueError as exc:
+            skipped.append(f"{family.label()}: {exc}")
+        else:
+            kept.append(family)
+    return kept, skipped
+
+
+def smallest_scales(runner: Runner, families: Sequence[Family], slo: CapacitySlo,
+                    max_engines: int) -> tuple[list[dict], list[dict]]:
+    """Each family's smallest scale meeting the SLO (doubling, then bisection); returns the
+    row of each family that met it at some scale within max_engines, and every probe."""
+    state = [{"family": f, "fail": 0, "ok": None, "next": 1} for f in families]
+    probes: list[dict] = []
+    while True:
+        open_ = [s for s in state if s["next"] is not None]
+        if not open_:
+            break
+        rows = runner([PlanPoint(s["family"], s["next"]) for s in open_])
+        probes += rows
+        for s, row in zip(open_, rows, strict=True):
+            scale = s["next"]
+            if row["meets_slo"]:
+                s["ok"], s["row"] = scale, row
+            else:
+                s["fail"] = scale
+            s["next"] = _next_scale(s, max_engines // s["family"].engines_per_scale())
+    return [s["row"] for s in state if s["ok"] is not None], probes
+
+
+def _next_scale(search: dict, max_scale: int) -> int | None:
+    low, high = search["fail"], search["ok"]
+    if high is None:  # still doubling
+        return low * 2 if low * 2 <= max_scale else None
+    return (low + high) // 2 if high - low > 1 else None
+
+
+def cheapest(rows: Sequence[dict], per: str | None = None) -> list[dict]:
+    """Rows by price (then p99 TTFT); with `per`, the cheapest row for each value of it."""
+    ranked = sorted(rows, key=lambda r: (r["usd_per_hour"], r["p99_ttft_ms"]))
+    if per is None:
+        return ranked
+    best: dict = {}
+    for row in ranked:
+        best.setdefault(row[per], row)
+    return list(best.values())
+
+
+def simulate_args(row: dict, context: PlanContext) -> list[str]:
+    """The `servelab simulate` flags (trace flags aside) that replay one planned deployment
+    on its own."""
+    size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"])]
+    budget = ["--token-budget", str(row["token_budget"])] if row["token_budget"] else []
+    caching = [] if context.enable_prefix_caching else ["--no-enable-prefix-caching"]
+    return ["--model", context.model, "--dtype", context.dtype, "--hardware",
+            row["hardware"], "--tp", str(row["tp"]), *size, "--router", row["router"],
+            "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
+            "--block-size", str(context.block_size), "--kv-link-gbps",
+            f"{context.kv_link_gbps:g}", *budget, *caching,
+            *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else [])]
