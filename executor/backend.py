@@ -73,6 +73,14 @@ class ModelBackend:
         self.block_manager = block_manager
         self.kv = KVCache(model.args, block_manager.num_blocks, block_manager.block_size,
                           self.device, self.dtype)
+        # KV of requests swapped out (--preemption swap), in host memory: pinned on CUDA,
+        # so the copies run at PCIe speed.
+        self.host_kv = None
+        if block_manager.num_host_blocks:
+            shape = list(self.kv.data.shape)
+            shape[3] = block_manager.num_host_blocks  # [L, 2, Hkv, host blocks, size, D]
+            self.host_kv = torch.zeros(shape, dtype=self.dtype,
+                                       pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device)
         # If given, every executed step's (plan, seconds) is appended: what a cost model
         # is checked against (sim.calibrated.in_run_step_error).
@@ -81,6 +89,8 @@ class ModelBackend:
     def execute(self, plan: BatchPlan) -> StepResult:
         """Run one step: forward every scheduled token, sample where a sequence ends."""
         start = time.perf_counter()
+        if plan.swap_out or plan.swap_in:
+            self._swap(plan)
         segments = segments_from_plan(plan)
         if not segments:
             return StepResult(time.perf_counter() - start, {})
@@ -97,6 +107,16 @@ class ModelBackend:
         if self.step_log is not None:
             self.step_log.append((plan, duration))
         return StepResult(duration, sampled)
+
+    def _swap(self, plan: BatchPlan) -> None:
+        """Copy evicted requests' KV to host memory, then resumed ones' back: outs first,
+        since this step may hand an evicted request's blocks to a resumed one."""
+        assert self.host_kv is not None, "a swap planned without host memory"
+        data, host = self.kv.data, self.host_kv
+        for _, device_blocks, host_blocks in plan.swap_out:
+            host[:, :, :, host_blocks] = data[:, :, :, device_blocks].to("cpu")
+        for _, host_blocks, device_blocks in plan.swap_in:
+            data[:, :, :, device_blocks] = host[:, :, :, host_blocks].to(data.device)
 
     def free(self, request: Request) -> None:
         """Drop the request's sampling generator; its KV blocks belong to the BlockManager."""

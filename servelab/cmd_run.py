@@ -52,7 +52,8 @@ def _run(args: argparse.Namespace) -> int:
     slo = slo_from_args(args)
     loaded = load_model_from_args(args)
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
-    config = scheduler_config(args, policy, num_blocks, loaded.max_model_len(args.max_model_len))
+    config = scheduler_config(args, policy, num_blocks, loaded.max_model_len(args.max_model_len),
+                              lambda gib: loaded.kv_blocks(args.block_size, gib))
     requests = requests_from_trace(trace, sampling, seed_requests=True)
     from executor.replay import measured_run
 

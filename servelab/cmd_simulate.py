@@ -6,7 +6,12 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from servelab.cluster_args import add_cluster_args, cluster_from_args, describe_cluster
+from servelab.cluster_args import (
+    add_cluster_args,
+    cluster_from_args,
+    describe_cluster,
+    kv_bytes_per_token,
+)
 from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
@@ -53,7 +58,10 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     backend, num_blocks, max_model_len, where = deployment_backend(args)
     if policies is None:  # simulate: its --policy, or the calibrated server's
         policies = parse_policies(args.policy or "continuous")
-    configs = {p: scheduler_config(args, p, num_blocks, max_model_len) for p in policies}
+    block_bytes = kv_bytes_per_token(args, backend) * args.block_size
+    configs = {p: scheduler_config(args, p, num_blocks, max_model_len,
+                                   lambda gib: int(gib * 2**30) // block_bytes)
+               for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     cluster = cluster_from_args(args, backend)

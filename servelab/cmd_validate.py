@@ -121,7 +121,9 @@ def _run(args: argparse.Namespace) -> int:
     loaded = load_model_from_args(args)
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
     max_len = loaded.max_model_len(args.max_model_len)
-    configs = {p: scheduler_config(args, p, num_blocks, max_len) for p in policies}
+    configs = {p: scheduler_config(args, p, num_blocks, max_len,
+                                   lambda gib: loaded.kv_blocks(args.block_size, gib))
+               for p in policies}
     measured = _measure(args, trace, loaded, configs)
     results, runs = compare(trace, configs, measured.runs, measured.cost_model,
                             measured.step_logs, measured.speeds)

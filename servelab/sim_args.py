@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from sim.calibrated import CalibratedCostModel
@@ -11,7 +12,7 @@ from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
 from sim.metrics import Slo
 from sim.scheduler import POLICIES, SchedulerConfig
-from sim.scheduler_config import QUEUES
+from sim.scheduler_config import PREEMPTION_MODES, QUEUES
 from workloads.files import atomic_output
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -41,6 +42,12 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     queue.add_argument("--sjf-noise", type=float, default=0.0,
                        help="sjf's prediction error: log-space std of predicted/true output "
                             "length (default 0: an oracle)")
+    group.add_argument("--preemption", default="recompute", choices=PREEMPTION_MODES,
+                       help="an evicted request's KV: dropped and recomputed (default), or "
+                            "swapped to host memory and back")
+    group.add_argument("--swap-space-gib", type=float, default=4.0,
+                       help="host memory for swapped KV with --preemption swap (default 4, "
+                            "as vLLM's swap_space)")
 
 
 def add_prefix_caching_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -73,8 +80,15 @@ def parse_policies(text: str) -> list[str]:
 
 
 def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
-                     max_model_len: int) -> SchedulerConfig:
-    """The SchedulerConfig the flags describe (validated by SchedulerConfig itself)."""
+                     max_model_len: int,
+                     blocks_in_gib: Callable[[float], int] | None = None) -> SchedulerConfig:
+    """The SchedulerConfig the flags describe (validated by SchedulerConfig itself);
+    blocks_in_gib sizes --swap-space-gib in KV blocks of the deployment."""
+    swap = getattr(args, "preemption", "recompute") == "swap"
+    if swap and blocks_in_gib is None:
+        raise ValueError("--preemption swap is not available for this command")
+    if swap and not args.swap_space_gib > 0:
+        raise ValueError(f"--swap-space-gib must be > 0, got {args.swap_space_gib}")
     return SchedulerConfig(
         policy=policy,
         num_blocks=args.num_blocks if args.num_blocks is not None else num_blocks,
@@ -86,6 +100,8 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
         queue=args.queue,
         queue_aging_s=args.queue_aging_s,
         sjf_noise=args.sjf_noise,
+        preemption=getattr(args, "preemption", "recompute"),
+        swap_space_blocks=blocks_in_gib(args.swap_space_gib) if swap else 0,
     )
 
 

@@ -32,7 +32,10 @@ class BlockManager:
     (reference count > 0). Allocation takes empty, then fresh, then evicts.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False,
+                 num_host_blocks: int = 0) -> None:
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -48,6 +51,10 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._cached: dict = {}  # content key -> block
         self._num_keyed: dict[str, int] = {}  # leading blocks of a table that are registered
+        # Host memory for swapped-out KV (--preemption swap): free ids and per-request tables.
+        self.num_host_blocks = num_host_blocks
+        self._host_free = list(range(num_host_blocks - 1, -1, -1))
+        self._host_tables: dict[str, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -211,6 +218,42 @@ class BlockManager:
                 self._key[table[j]] = key
         self._num_keyed[rid] = full
 
+    # ---- swapping ------------------------------------------------------------------------
+
+    def can_swap_out(self, num_tokens: int) -> bool:
+        """Whether host memory has room for num_tokens tokens of KV."""
+        return self.blocks_for(num_tokens) <= len(self._host_free)
+
+    def swap_out(self, request_id: str, num_tokens: int) -> tuple[list[int], list[int]]:
+        """Move the blocks holding request_id's first num_tokens tokens to host memory and
+        free its device table; returns (device blocks, host blocks), pairwise, for the
+        executor to copy before the step's forward reuses any of them."""
+        count = self.blocks_for(num_tokens)
+        if count > len(self._host_free):
+            raise OutOfBlocksError(f"request {request_id}: {count} blocks to swap out, "
+                                   f"{len(self._host_free)} free in host memory")
+        device = self._tables[request_id][:count]
+        host = [self._host_free.pop() for _ in range(count)]
+        self._host_tables[request_id] = host
+        self.free(request_id)
+        return device, host
+
+    def holds_swapped(self, request_id: str) -> bool:
+        return request_id in self._host_tables
+
+    def swap_in(self, request_id: str, num_tokens: int) -> tuple[list[int], list[int]] | None:
+        """Give a swapped-out request a device table for num_tokens tokens and release its
+        host blocks; returns (host blocks, device blocks) pairwise, None if the pool is short."""
+        if not self.try_allocate(request_id, num_tokens):
+            return None
+        host = self._host_tables.pop(request_id)
+        self._host_free.extend(reversed(host))
+        return host, self._tables[request_id][:len(host)]
+
+    def drop_swapped(self, request_id: str) -> None:
+        """Release a swapped-out request's host blocks (it was aborted)."""
+        self._host_free.extend(reversed(self._host_tables.pop(request_id)))
+
     def check(self) -> None:
         """Assert the pool's invariants (tests): every block in exactly one state."""
         held = [b for b in range(self.num_blocks) if self._ref[b] > 0]
@@ -226,3 +269,5 @@ class BlockManager:
         assert owners == self._ref, "reference counts differ from the block tables"
         assert all(self._key[b] is not None for b in self._evictable), "uncached evictable block"
         assert all(self._key[b] == k for k, b in self._cached.items()), "cache map out of sync"
+        host = self._host_free + [b for t in self._host_tables.values() for b in t]
+        assert sorted(host) == list(range(self.num_host_blocks)), "a host block is lost"

@@ -123,6 +123,11 @@ class BatchPlan:
     preempted: list[str] = field(default_factory=list)
     # Static batching: finished rows computed as padding (one token each, no output).
     padding: list[Request] = field(default_factory=list)
+    # --preemption swap: (request id, device blocks, host blocks) copied device -> host, then
+    # (request id, host blocks, device blocks) copied host -> device, both before the forward.
+    swap_out: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
+    swap_in: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
+    swap_tokens: int = 0  # tokens of KV those copies move (either way), for cost models
     # Derived totals for cost models, accumulated while the plan is built.
     prefill_tokens: int = 0  # tokens of prompt/recompute chunks (every non-decode token)
     prefill_attn: int = 0  # sum over prefill chunks of chunk_len * context_len after it
@@ -149,7 +154,8 @@ class BatchPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.requests and not self.padding
+        """Nothing to compute and no KV to copy."""
+        return not self.requests and not self.padding and not self.swap_out
 
 
 @dataclass(slots=True)

@@ -68,6 +68,7 @@ class AnalyticCostModel:
     _comm_s_per_token: float = field(init=False, repr=False, compare=False)
     _comm_s_per_sampled_row: float = field(init=False, repr=False, compare=False)
     _comm_s_per_step: float = field(init=False, repr=False, compare=False)
+    _swap_s_per_token: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -112,8 +113,10 @@ class AnalyticCostModel:
         """Seconds one engine step of `plan` takes; 0 for a plan that computes nothing."""
         decode_seqs = plan.decode_seqs  # padding rows included: a padding row is a decode row
         tokens = plan.prefill_tokens + decode_seqs
+        # KV swapped to or from host memory (--preemption swap) is copied before the forward.
+        swap_s = self._swap_s_per_token * plan.swap_tokens
         if not tokens:
-            return 0.0
+            return swap_s
         prefill_attn = plan.prefill_attn
         decode_context = plan.decode_context
         sampled_rows = plan.prefill_seqs + decode_seqs
@@ -133,7 +136,8 @@ class AnalyticCostModel:
             + self._comm_s_per_sampled_row * sampled_rows
             + self._comm_s_per_step
         )
-        return (compute_s if compute_s > memory_s else memory_s) + comm_s + self.overhead_s
+        return ((compute_s if compute_s > memory_s else memory_s) + comm_s + swap_s
+                + self.overhead_s)
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Backend protocol: the predicted duration, no sampled tokens."""
@@ -222,6 +226,8 @@ def _coefficients(cost: AnalyticCostModel) -> dict[str, float | int]:
         "_memory_s_per_kv_token": gpu_kv_bytes_per_token / bytes_s,
         "_memory_s_per_prefill_pair": gpu_kv_bytes_per_token / ATTN_QUERY_TILE_ROWS / bytes_s,
         **_comm_coefficients(cost, dtype_bytes),
+        # Each GPU moves its own share of a token's KV over its own PCIe link, in parallel.
+        "_swap_s_per_token": gpu_kv_bytes_per_token / cost.hardware.host_link_bytes_s,
     }
 
 

@@ -44,7 +44,8 @@ class Engine:
     def schedule(self, now: float) -> BatchPlan | None:
         """The next step's plan, scheduled at `now`; None when there is nothing to run."""
         plan = self.scheduler.schedule(now)
-        if not plan.requests and not plan.padding:  # plan.is_empty, inlined: once per step
+        # plan.is_empty, inlined (once per step); a step that only swaps KV out still runs.
+        if not plan.requests and not plan.padding and not plan.swap_out:
             return None
         return plan
 

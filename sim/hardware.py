@@ -22,12 +22,15 @@ class HardwareSpec:
     # GPU-to-GPU NVLink bandwidth of one GPU in one direction, bytes/s. Datasheets quote the
     # bidirectional total, so this is half the datasheet figure.
     interconnect_bytes_s: float
+    # Host (CPU memory) link of one GPU in one direction, bytes/s: PCIe, which KV swapped to
+    # host memory crosses. Datasheets quote the bidirectional total, so this is half of it.
+    host_link_bytes_s: float
     # GPUs in one NVLink node (HGX board); tensor parallelism stays within one node.
     max_gpus: int = 8
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "mem_bandwidth_bytes_s", "memory_bytes",
-                    "interconnect_bytes_s"):
+                    "interconnect_bytes_s", "host_link_bytes_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"hardware {self.name}: {key} must be > 0")
         if self.max_gpus < 1:
@@ -41,16 +44,19 @@ HARDWARE_SPECS: dict[str, HardwareSpec] = {
     for spec in (
         # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column:
         # BF16 tensor 312 TFLOPS dense (624 with sparsity), HBM2e 2,039 GB/s, 80 GB;
-        # NVLink 600 GB/s (bidirectional), so 300 GB/s each way; HGX A100 holds 8 GPUs.
-        HardwareSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9),
+        # NVLink 600 GB/s (bidirectional), so 300 GB/s each way; HGX A100 holds 8 GPUs;
+        # PCIe Gen4 x16, 64 GB/s (bidirectional), so 32 GB/s each way.
+        HardwareSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, 32e9),
         # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column:
         # BF16 tensor 1,979 TFLOPS with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB;
-        # NVLink 900 GB/s (bidirectional), so 450 GB/s each way; HGX H100 holds 8 GPUs.
-        HardwareSpec("h100", 989e12, 3.35e12, 80 * GiB, 450e9),
+        # NVLink 900 GB/s (bidirectional), so 450 GB/s each way; HGX H100 holds 8 GPUs;
+        # PCIe Gen5 x16, 128 GB/s (bidirectional), so 64 GB/s each way.
+        HardwareSpec("h100", 989e12, 3.35e12, 80 * GiB, 450e9, 64e9),
         # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column:
         # BF16 tensor 1,979 TFLOPS with sparsity, so 989 dense; HBM3e 4.8 TB/s; 141 GB;
-        # NVLink 900 GB/s (bidirectional), so 450 GB/s each way; HGX H200 holds 8 GPUs.
-        HardwareSpec("h200", 989e12, 4.8e12, 141 * GiB, 450e9),
+        # NVLink 900 GB/s (bidirectional), so 450 GB/s each way; HGX H200 holds 8 GPUs;
+        # PCIe Gen5 x16, 128 GB/s (bidirectional), so 64 GB/s each way.
+        HardwareSpec("h200", 989e12, 4.8e12, 141 * GiB, 450e9, 64e9),
     )
 }
 

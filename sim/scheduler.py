@@ -28,8 +28,10 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
+        self._swap = config.preemption == "swap"
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching,
+                                          config.swap_space_blocks if self._swap else 0)
         # In --queue order (sim.queues); preempted requests go back to the front.
         self.waiting = make_queue(config.queue, config.queue_aging_s, config.sjf_noise)
         # Under `priority` running stays sorted by priority (stable): the tail, which
@@ -38,6 +40,7 @@ class Scheduler:
         self._fair = config.queue == "fair"
         self.running: list[Request] = []  # admission order: the newest is evicted first
         self.num_preemptions = 0
+        self.num_swapped_out = 0  # preemptions that kept the victim's KV in host memory
         # Prefix cache lookups at admission, in tokens, as vLLM counts them: every admission
         # (a recompute after preemption too) queries its whole sequence.
         self.prefix_cache_queries = 0
@@ -96,6 +99,8 @@ class Scheduler:
                 return request
         else:
             self.waiting.remove(request)
+            if self.block_manager.holds_swapped(request_id):
+                self.block_manager.drop_swapped(request_id)
         self._finish(request, reason, now)
         return request
 
@@ -178,16 +183,23 @@ class Scheduler:
         return True
 
     def _preempt(self, victim: Request, plan: BatchPlan) -> None:
-        """Evict by recompute: free KV, forget computed tokens, back to the front of the queue."""
+        """Evict the tail: its KV goes to host memory (swap, while the host pool has room)
+        or is dropped (recompute); either way it goes back to the front of the queue."""
         self.running.pop()
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
             remove_from_plan(plan, victim, n)
-        if self._caching:  # its recompute may find the blocks it computed
-            self.block_manager.cache_blocks(victim, victim.num_computed_tokens, own=True)
-        self.block_manager.free(victim.request_id)
-        victim.num_computed_tokens = 0
+        bm, computed = self.block_manager, victim.num_computed_tokens
+        if self._swap and computed and bm.can_swap_out(computed):
+            plan.swap_out.append((victim.request_id, *bm.swap_out(victim.request_id, computed)))
+            plan.swap_tokens += computed
+            self.num_swapped_out += 1
+        else:
+            if self._caching:  # its recompute may find the blocks it computed
+                bm.cache_blocks(victim, computed, own=True)
+            bm.free(victim.request_id)
+            victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -203,19 +215,25 @@ class Scheduler:
             request = waiting.head(now)
             if len(self.running) >= max_seqs and not self._preempt_for(request, plan):
                 break
-            prefix = bm.cached_prefix(request) if self._caching else ()
+            swapped = self._swap and bm.holds_swapped(request.request_id)
+            prefix = bm.cached_prefix(request) if self._caching and not swapped else ()
             hit = len(prefix) * bm.block_size
-            cached = max(hit, request.num_external_tokens)
+            cached = (request.num_computed_tokens if swapped
+                      else max(hit, request.num_external_tokens))
             n = request.num_tokens - cached
             if n > budget:
                 if not self._chunked:
-                    break  # FCFS: the head waits for a step with room for its whole prompt
+                    break  # the head waits for a step with room for its whole prompt
                 n = budget
             need = request.prompt_len + request.max_new_tokens if self._reserve else cached + n
-            if not bm.try_allocate(request.request_id, need, prefix):
+            moved = bm.swap_in(request.request_id, need) if swapped else None
+            if not (moved if swapped else bm.try_allocate(request.request_id, need, prefix)):
                 if self._preempt_for(request, plan):
                     continue
                 break
+            if moved:  # its KV comes back from host memory before this step's forward
+                plan.swap_in.append((request.request_id, *moved))
+                plan.swap_tokens += cached
             waiting.take(request)
             self._start(request, plan, now, cached, hit)
             add_to_plan(plan, request, n)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 POLICIES = ("static", "continuous", "recompute", "chunked")
 QUEUES = ("fcfs", "priority", "fair", "sjf")  # sim.queues implements them
+PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
 
 
@@ -31,6 +32,10 @@ class SchedulerConfig:
     # request that arrived after it is admitted before it.
     queue_aging_s: float = 60.0
     sjf_noise: float = 0.0  # log-space std of sjf's output-length prediction (0: oracle)
+    # What eviction does with a victim's KV: drop it and recompute later, or copy it to a
+    # host pool of swap_space_blocks blocks and back (recompute when the pool is full).
+    preemption: str = "recompute"
+    swap_space_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -41,6 +46,11 @@ class SchedulerConfig:
             raise ValueError(f"queue_aging_s must be > 0, got {self.queue_aging_s}")
         if not self.sjf_noise >= 0:
             raise ValueError(f"sjf_noise must be >= 0, got {self.sjf_noise}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"unknown preemption {self.preemption!r}; choose from "
+                             f"{', '.join(PREEMPTION_MODES)}")
+        if self.preemption == "swap" and self.swap_space_blocks < 1:
+            raise ValueError("preemption by swap needs a host pool: swap_space_blocks >= 1")
         for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")

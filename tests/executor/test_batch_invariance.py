@@ -1,6 +1,6 @@
 """The non-negotiable: every request's output, greedy or seeded sampling, is identical to
-running it alone, under every policy, including chunked prefill, preemption + recompute and
-prompts whose prefix KV comes from the prefix cache."""
+running it alone, under every policy, including chunked prefill, preemption by recompute or
+by swap to host memory, and prompts whose prefix KV comes from the prefix cache."""
 
 from __future__ import annotations
 
@@ -94,14 +94,21 @@ POLICIES = {
     # 12 blocks of 16 tokens hold about two requests: evictions and recomputes are certain.
     "recompute": dict(policy="recompute", num_blocks=12, max_num_seqs=8),
     "chunked": dict(policy="chunked", num_blocks=12, max_num_seqs=8, token_budget=16),
+    # The same evictions, the victims' KV copied to host memory and back instead.
+    "recompute-swap": dict(policy="recompute", num_blocks=12, max_num_seqs=8,
+                           preemption="swap", swap_space_blocks=6),
+    "chunked-swap": dict(policy="chunked", num_blocks=12, max_num_seqs=8, token_budget=16,
+                         preemption="swap", swap_space_blocks=6),
 }
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_outputs_match_running_alone(tiny_model, outputs_alone, name):
     outputs, scheduler = run(tiny_model, workload(), **POLICIES[name])
-    if name in ("recompute", "chunked"):
+    if POLICIES[name]["num_blocks"] < 16:
         assert scheduler.num_preemptions > 0
+    if "swap" in name:
+        assert 0 < scheduler.num_swapped_out <= scheduler.num_preemptions
     mismatched = [rid for rid in outputs_alone if outputs[rid] != outputs_alone[rid]]
     assert not mismatched, f"{name}: outputs differ from running alone for {mismatched}"
     assert any(len(set(tokens)) > 1 for tokens in outputs.values())

@@ -10,6 +10,7 @@ from sim.core import FinishReason, Request, StepResult
 from sim.engine import Engine
 from sim.fixed_backend import ConstantBackend
 from sim.scheduler import POLICIES, Scheduler, SchedulerConfig
+from sim.scheduler_config import QUEUES
 from sim.simulation import run_trace
 
 
@@ -27,9 +28,17 @@ class KVContent:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.slots: dict[tuple[int, int], int] = {}  # (block, offset) -> token id
+        self.host: dict[tuple[int, int], int] = {}  # swapped-out KV: (host block, offset)
 
     def write(self, sched: Scheduler, plan) -> None:
         bs = self.block_size
+        for source, target, copies in ((self.slots, self.host, plan.swap_out),
+                                       (self.host, self.slots, plan.swap_in)):
+            for _, blocks_from, blocks_to in copies:  # what the executor copies first
+                for a, b in zip(blocks_from, blocks_to, strict=True):
+                    for offset in range(bs):
+                        if (a, offset) in source:
+                            target[b, offset] = source[a, offset]
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             table = sched.block_manager.block_table(request.request_id)
             tokens = request.token_ids()
@@ -104,13 +113,24 @@ def test_prefix_cache_hits_read_their_own_tokens_and_conserve_blocks(
     exercise(policy, operations, num_blocks, max_num_seqs, caching=True)
 
 
+@settings(max_examples=60, deadline=None)
+@given(policy=st.sampled_from(["recompute", "chunked"]), operations=shared_ops,
+       num_blocks=st.integers(31, 45), max_num_seqs=st.integers(2, 6), caching=st.booleans(),
+       queue=st.sampled_from(QUEUES), swap_blocks=st.integers(1, 30))
+def test_swap_and_queue_orders_keep_kv_and_blocks_right(
+    policy, operations, num_blocks, max_num_seqs, caching, queue, swap_blocks
+):
+    exercise(policy, operations, num_blocks, max_num_seqs, caching, queue=queue,
+             queue_aging_s=0.05, preemption="swap", swap_space_blocks=swap_blocks)
+
+
 def exercise(policy: str, operations: list, num_blocks: int, max_num_seqs: int,
-             caching: bool) -> None:
+             caching: bool, **config) -> None:
     """Apply the operations, then step until done, checking every invariant after each step."""
     budget = None if policy in ("static", "continuous", "recompute") else 8 * max_num_seqs
     cfg = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=4,
                           max_num_seqs=max_num_seqs, max_model_len=160, token_budget=budget,
-                          enable_prefix_caching=caching)
+                          enable_prefix_caching=caching, **config)
     sched = Scheduler(cfg)
     content = KVContent(cfg.block_size)
     added: list[Request] = []
@@ -118,7 +138,8 @@ def exercise(policy: str, operations: list, num_blocks: int, max_num_seqs: int,
     for op in operations + [("step", 400)]:
         if op[0] == "add":
             tokens = prompt_tokens(op[3], op[1], len(added))
-            request = Request(str(len(added)), now, op[1], op[2], prompt_token_ids=tokens)
+            request = Request(str(len(added)), now, op[1], op[2], prompt_token_ids=tokens,
+                              priority=op[3], tenant=f"t{op[3]}")
             sched.add(request)
             added.append(request)
         elif op[0] == "abort" and added:
@@ -145,8 +166,9 @@ def exercise(policy: str, operations: list, num_blocks: int, max_num_seqs: int,
     assert not sched.has_unfinished
     assert sched.block_manager.num_free_blocks == num_blocks
     assert not sched.block_manager._tables
+    sched.block_manager.check()
     event(f"prefix cache hits: {sched.prefix_cache_hits > 0}, preemptions: "
-          f"{sched.num_preemptions > 0}")
+          f"{sched.num_preemptions > 0}, swaps: {sched.num_swapped_out > 0}")
     if not caching:
         assert sched.prefix_cache_hits == 0 and sched.block_manager.num_cached_blocks == 0
     for request in added:
