@@ -16,8 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "trace",
         help="summarize a trace; convert or save it",
-        description="Print a trace's statistics (after any transforms); optionally save "
-        "the transformed trace and the statistics.",
+        description="Print a trace's statistics (after any transforms), with a line per "
+        "tenant and per priority when the trace has them; optionally save the transformed "
+        "trace and the statistics.",
         epilog=TRACE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

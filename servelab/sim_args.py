@@ -215,7 +215,8 @@ def format_classes(results: dict[str, dict]) -> str:
                 header += f" (Jain's fairness index {summary['jain_fairness_index']:.3f})"
             lines = [header, f"{'':<12}" + "".join(f"{c:>16}" for c in CLASS_COLUMNS)]
             for key, row in rows.items():
-                cells = ["-" if row[c] is None else f"{row[c]:.1f}" for c in CLASS_COLUMNS]
+                cells = ["-" if row[c] is None else f"{row[c]:.1f}" if c.endswith("_ms")
+                         else f"{row[c]:.0f}" for c in CLASS_COLUMNS]
                 lines.append(f"{key:<12}" + "".join(f"{c:>16}" for c in cells))
             blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

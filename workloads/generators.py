@@ -1,18 +1,22 @@
-"""Synthetic traces: Poisson or gamma (bursty) arrivals and length distributions.
-
-All randomness comes from the `numpy.random.Generator` the caller passes.
-"""
+"""Synthetic traces: Poisson or gamma (bursty) arrivals and length distributions, for one
+tenant or several merged. All randomness comes from the `numpy.random.Generator`s the caller
+passes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
+import pandas as pd
 
 from workloads.trace import Trace
 
 MAX_LENGTH_TOKENS = 2**31 - 1  # heavy tails (Pareto) are capped here before the int cast
+TENANT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # no ',' ';' '=' or spaces: it sits in a spec
+_INT64 = (-(2**63), 2**63 - 1)  # the trace's priority column is int64
 
 
 def poisson_arrivals_s(count: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -135,6 +139,8 @@ class SyntheticSpec:
     output: LengthDist
     arrival: str = "poisson"  # "poisson" or "gamma"
     cv: float = 1.0  # gamma inter-arrival coefficient of variation; > 1 is bursty
+    tenant: str | None = None  # None: no tenant column, ids "0", "1", ...
+    priority: int | None = None  # lower is served first (vLLM); None: no priority column
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -145,6 +151,10 @@ class SyntheticSpec:
             raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
         if not self.cv > 0:
             raise ValueError(f"cv must be > 0, got {self.cv}")
+        if self.tenant is not None and not TENANT_NAME.fullmatch(self.tenant):
+            raise ValueError(f"tenant={self.tenant!r}: use letters, digits, '-' and '_' only")
+        if self.priority is not None and not _INT64[0] <= self.priority <= _INT64[1]:
+            raise ValueError(f"priority={self.priority} does not fit in 64 bits")
 
 
 def generate_trace(spec: SyntheticSpec, rng: np.random.Generator, name: str = "synthetic") -> Trace:
@@ -167,4 +177,42 @@ def generate_trace(spec: SyntheticSpec, rng: np.random.Generator, name: str = "s
     else:
         prompt_len = prompt.sample(count, rng)
         output_len = output.sample(count, rng)
-    return Trace.from_arrays(name, arrival_s, prompt_len, output_len)
+    tenant = None if spec.tenant is None else [spec.tenant] * count
+    ids = None if spec.tenant is None else [f"{spec.tenant}-{i}" for i in range(count)]
+    priority = None if spec.priority is None else np.full(count, spec.priority)
+    return Trace.from_arrays(
+        name, arrival_s, prompt_len, output_len, ids, tenant=tenant, priority=priority
+    )
+
+
+def part_rngs(seed: int, count: int) -> list[np.random.Generator]:
+    """One Generator per spec part: a lone part draws from `seed` itself (as before parts
+    existed); part i of several from child i of SeedSequence(seed)."""
+    if count == 1:
+        return [np.random.default_rng(seed)]
+    # Child i depends only on (seed, i), so adding a part leaves the others' draws unchanged.
+    return [
+        np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(i,))) for i in range(count)
+    ]
+
+
+def generate_parts(
+    parts: Sequence[SyntheticSpec], rngs: Sequence[np.random.Generator], name: str = "synthetic"
+) -> Trace:
+    """Draw each part with its own Generator and merge the arrivals (stable sort by time)."""
+    if len(parts) != len(rngs) or not parts:
+        raise ValueError(
+            f"need one Generator per part, got {len(parts)} parts and {len(rngs)} Generators"
+        )
+    if len(parts) == 1:
+        return generate_trace(parts[0], rngs[0], name)
+    tenants = [part.tenant for part in parts]
+    if None in tenants or len(set(tenants)) != len(tenants):
+        raise ValueError(f"several parts need unique tenant names, got {tenants}")
+    if any(part.priority is not None for part in parts):  # a part without priority= is 0
+        parts = [replace(part, priority=part.priority or 0) for part in parts]
+    tables = [generate_trace(part, rng, name).table for part, rng in zip(parts, rngs, strict=True)]
+    merged = pd.concat(tables, ignore_index=True)
+    # Stable: at equal times (every part's first arrival is 0) part order decides.
+    merged = merged.sort_values("arrival_s", kind="stable", ignore_index=True)
+    return Trace(name, merged)

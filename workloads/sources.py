@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from workloads.bundled import BUNDLED, load_bundled
-from workloads.generators import generate_trace
+from workloads.generators import generate_parts, part_rngs
 from workloads.loaders import load_trace
-from workloads.spec import is_synthetic_spec, parse_spec
+from workloads.spec import is_synthetic_spec, parse_parts
 from workloads.trace import Trace
 
 
 def open_trace(source: str, fmt: str | None = None, seed: int = 0) -> Trace:
-    """A bundled name, a `synthetic:` spec (drawn with `seed`) or a trace file (`fmt` forced)."""
+    """A bundled name, a `synthetic:` spec (drawn from `seed`) or a trace file (`fmt` forced)."""
     if is_synthetic_spec(source):
         if fmt is not None:
             raise ValueError("a format applies to trace files, not to a synthetic spec")
-        spec = parse_spec(source, resolve=_open_real)
-        return generate_trace(spec, np.random.default_rng(seed), name=source)
+        parts = parse_parts(source, resolve=_open_real)
+        return generate_parts(parts, part_rngs(seed, len(parts)), name=source)
     return _open_real(source, fmt)
 
 

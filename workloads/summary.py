@@ -1,5 +1,5 @@
-"""Trace statistics: counts, rate, burstiness, length percentiles and prefix reuse, as a
-table or JSON."""
+"""Trace statistics: counts, rate, burstiness, length percentiles, prefix reuse and a line
+per tenant and per priority, as a table or JSON."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
+
+MAX_GROUP_LINES = 20  # a log with a tenant per user would bury the table; JSON keeps all
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """The requests of one tenant or one priority class."""
+
+    group: str | int  # the tenant name, or the priority
+    requests: int
+    rate_per_s: float | None  # (requests - 1) / the group's own first-to-last span; None if 0
+    prompt_len_mean: float
+    output_len_mean: float
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,8 @@ class TraceSummary:
     unique_prefix_blocks: int | None = None
     # Prefix cache hit rate with an unbounded KV pool (prefix_reuse_ceiling); None without ids.
     prefix_reuse_ceiling: float | None = None
+    tenants: tuple[GroupSummary, ...] | None = None  # in order of first arrival; None: no column
+    priorities: tuple[GroupSummary, ...] | None = None  # lowest (served first) first
 
     def to_dict(self) -> dict:
         """Plain JSON-ready values."""
@@ -51,7 +66,7 @@ def summarize(trace: Trace) -> TraceSummary:
         name=trace.name,
         requests=len(trace),
         span_s=span_s,
-        rate_per_s=(len(trace) - 1) / span_s if span_s > 0 else None,
+        rate_per_s=_rate(len(trace), span_s),
         interarrival_cv=cv,
         burst_peak_1s=int(np.bincount(np.floor(arrival_s).astype(np.int64)).max()),
         prompt_len_mean=float(prompt.mean()),
@@ -63,7 +78,38 @@ def summarize(trace: Trace) -> TraceSummary:
         prefix_blocks=blocks,
         unique_prefix_blocks=unique,
         prefix_reuse_ceiling=ceiling,
+        tenants=summarize_groups(trace, "tenant"),
+        priorities=summarize_groups(trace, "priority"),
     )
+
+
+def summarize_groups(trace: Trace, column: str) -> tuple[GroupSummary, ...] | None:
+    """One GroupSummary per value of `column` ("tenant" or "priority"); None without it."""
+    if column not in trace.table:
+        return None
+    # Tenants keep first-arrival order (a spec's part order); priorities sort, lowest first.
+    grouped = trace.table.groupby(column, sort=column == "priority")
+    stats = grouped.agg(
+        requests=("arrival_s", "size"),
+        first_s=("arrival_s", "min"),
+        last_s=("arrival_s", "max"),
+        prompt_len_mean=("prompt_len", "mean"),
+        output_len_mean=("output_len", "mean"),
+    )
+    return tuple(
+        GroupSummary(
+            group=key.item() if hasattr(key, "item") else key,  # np.int64 -> int for JSON
+            requests=int(row.requests),
+            rate_per_s=_rate(int(row.requests), float(row.last_s - row.first_s)),
+            prompt_len_mean=float(row.prompt_len_mean),
+            output_len_mean=float(row.output_len_mean),
+        )
+        for key, row in stats.iterrows()
+    )
+
+
+def _rate(requests: int, span_s: float) -> float | None:
+    return (requests - 1) / span_s if span_s > 0 else None
 
 
 def prefix_reuse_ceiling(trace: Trace, block_size: int = 16) -> float:
@@ -127,4 +173,25 @@ def format_summary(summary: TraceSummary) -> str:
         ("output_len", (summary.output_len_mean, summary.output_len_p50, summary.output_len_p99)),
     ):
         lines.append(f"{label:<12}" + "".join(f"{number(v, 1):>10}" for v in values))
+    for label, groups in (("tenant", summary.tenants), ("priority", summary.priorities)):
+        if groups is not None:
+            lines.extend(_group_lines(label, groups))
     return "\n".join(lines)
+
+
+def _group_lines(label: str, groups: tuple[GroupSummary, ...]) -> list[str]:
+    """A header and one line per group: requests, rate and mean lengths."""
+    shown = groups[:MAX_GROUP_LINES]
+    width = max(12, *(len(str(group.group)) + 2 for group in shown))
+    lines = [
+        f"{label:<{width}}{'requests':>10}{'rate_per_s':>12}{'prompt_mean':>13}{'output_mean':>13}"
+    ]
+    for group in shown:
+        rate = "n/a" if group.rate_per_s is None else f"{group.rate_per_s:.2f}"
+        lines.append(
+            f"{str(group.group):<{width}}{group.requests:>10}{rate:>12}"
+            f"{group.prompt_len_mean:>13.1f}{group.output_len_mean:>13.1f}"
+        )
+    if len(groups) > MAX_GROUP_LINES:
+        lines.append(f"(and {len(groups) - MAX_GROUP_LINES} more; --json lists every {label})")
+    return lines
