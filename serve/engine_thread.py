@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from serve.handoff import Clock, Draining, Overloaded, StreamEvent, TokenSink, post_events
 from serve.metrics import ServerMetrics
-from serve.request_log import RequestLog, row_of
+from serve.request_log import RequestLog, arrival_row_of, row_of
 from sim.core import Backend, BatchPlan, FinishReason, Request, StepResult
 from sim.engine import Engine
 from sim.scheduler import Scheduler
@@ -123,6 +123,11 @@ class EngineThread:
                 raise Overloaded(f"{self.config.max_waiting} requests are already waiting")
             self._inbox_adds += 1
             self._drained.clear()
+            if self.request_log is not None:
+                # Queued before the engine can see the request, so the log gets the arrival
+                # ahead of the final row that _finish writes for it.
+                self.request_log.write_arrival(
+                    arrival_row_of(request, self.clock.start_unix, tenant))
             self._ops.append(("add", _Live(request, sink, tenant)))
             self._cond.notify()
 

@@ -11,6 +11,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -26,7 +27,9 @@ from servelab.sim_args import (
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.core import SamplingParams
-from sim.metrics import summarize
+from sim.metrics import inter_token_latencies_ms, request_table, step_table, summarize
+from sim.policy_runs import RunTables
+from sim.simulation import RunResult
 from sim.workload import requests_from_trace
 
 
@@ -69,9 +72,32 @@ def _run(args: argparse.Namespace) -> int:
           f"{loaded.threads} threads, {loaded.kernels} kernels), {config.num_blocks} KV blocks "
           f"of {config.block_size}; {wall_s:.1f} s wall")
     print(format_summaries({policy: summary}))
+    payload = _payload(args, trace, config, loaded, slo, policy, summary)
+    if args.out is not None:  # the files `servelab simulate --out` writes, measured
+        _write_out(args.out, trace.name, policy, _tables(result, summary))
+        write_json_atomic(args.out / "summary.json", payload)
     if args.json is not None:
-        write_json_atomic(args.json, _payload(args, trace, config, loaded, slo, policy, summary))
+        write_json_atomic(args.json, payload)
     return 0
+
+
+def _tables(result: RunResult, summary: dict) -> RunTables:
+    """The measured run as the tables simulate's --out writes and the charts read."""
+    return RunTables(summary=summary, requests=request_table(result.requests),
+                     steps=step_table(result.steps),
+                     itl_ms=inter_token_latencies_ms(result.requests),
+                     num_blocks=result.num_blocks)
+
+
+def _write_out(out_dir: Path, trace_name: str, policy: str, tables: RunTables) -> None:
+    """requests_{policy}.csv, steps_{policy}.parquet and the four charts, as simulate names them."""
+    from reporting.charts import write_charts
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables.requests.to_csv(out_dir / f"requests_{policy}.csv", index=False)
+    tables.steps.to_parquet(out_dir / f"steps_{policy}.parquet", index=False)
+    paths = write_charts({policy: tables}, out_dir, title=trace_name)
+    print(f"wrote {len(paths)} charts and 2 tables to {out_dir}")
 
 
 def _payload(args, trace, config, loaded, slo, policy, summary) -> dict:

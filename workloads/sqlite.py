@@ -1,11 +1,14 @@
 """The server's SQLite request log: its schema, and reading it back as a trace.
 
-`servelab serve --request-log F.sqlite` appends one row per request; `servelab trace F.sqlite`
-replays what the server saw. A row's output_len for replay is the tokens the server generated
-when the request ended naturally (length or stop): that is the demand the simulator must
-reproduce, since it runs every request to its trace length with EOS ignored. A request cut
-short (aborted, failed, refused with 503 or rejected) never showed its natural length, so its
-replay length is the max_tokens the client asked for.
+`servelab serve --request-log F.sqlite` appends one row per request, written when the request
+arrives and completed when it ends; `servelab trace F.sqlite` replays what the server saw. A
+row's output_len for replay is the tokens the server generated when the request ended
+naturally (length or stop): that is the demand the simulator must reproduce, since it runs
+every request to its trace length with EOS ignored. A request cut short (aborted, failed,
+refused with 503 or rejected) never showed its natural length, so its replay length is the
+max_tokens the client asked for. So is an unfinished row's (still in flight, or in flight
+when the server was killed): the log does not record tokens as they are produced, and the
+count so far would only be a lower bound on the demand.
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ COLUMNS = (
     ("arrival_unix", "REAL NOT NULL"),  # server_start_unix + arrival_s: orders rows across restarts
     ("prompt_len", "INTEGER NOT NULL"),  # prompt tokens
     ("max_tokens", "INTEGER NOT NULL"),  # what the client asked for
-    ("output_len", "INTEGER NOT NULL"),  # tokens generated (0 if refused before any)
+    ("output_len", "INTEGER NOT NULL"),  # tokens generated (0 if refused, or unfinished)
     ("tenant", "TEXT"),  # X-Tenant header, else the body's `user`, else NULL
-    ("ttft_s", "REAL"),  # first token - arrival; NULL without a token
-    ("finish_s", "REAL"),  # seconds since server start when it ended
-    ("finish_reason", "TEXT NOT NULL"),  # length|stop|aborted|failed|rejected|overloaded|draining
-    ("http_status", "INTEGER NOT NULL"),  # the status the client got
+    ("ttft_s", "REAL"),  # first token - arrival; NULL without a token, or unfinished
+    ("finish_s", "REAL"),  # seconds since server start when it ended; NULL if unfinished
+    # length|stop|aborted|failed|rejected|overloaded|draining, or unfinished until it ends
+    ("finish_reason", "TEXT NOT NULL"),
+    ("http_status", "INTEGER NOT NULL"),  # the status the client got; 0 if unfinished
 )
 NATURAL_FINISH = ("length", "stop")
+UNFINISHED = "unfinished"  # finish_reason of a row whose request has not ended (or never will)
 DEFAULT_TENANT = "default"  # the replay tenant of rows that named none
 
 
@@ -67,6 +72,8 @@ def read_request_log(path: Path) -> pd.DataFrame:
     if not rows:
         raise TraceError(source, "no requests in the log")
     ids, arrival, prompt, max_tokens, output, tenant, reason = zip(*rows, strict=True)
+    # Only natural finishes replay what was generated; everything else, unfinished rows
+    # included, the max_tokens asked for (module docstring).
     natural = np.isin(np.asarray(reason, dtype=object), NATURAL_FINISH)
     where = Where(source, unit="row")
     replay_len = np.where(natural, as_int(output, "output_len", where),

@@ -1,8 +1,14 @@
-"""`servelab trace` and `servelab bench-serve` with the server's SQLite request log."""
+"""The server's SQLite request log end to end: every arrival survives a SIGKILL, `servelab
+trace` reads a log, `servelab bench-serve` replays are logged with the trace lengths."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import sqlite3
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,14 +16,70 @@ import pytest
 from executor.backend import load_model
 from serve.request_log import RequestLog
 from servelab.cli import main
-from tests.serve.helpers import MODEL, start_server
+from tests.serve.helpers import MODEL, async_client, start_server
 from tests.serve.test_request_log import row
+from tests.serve.test_serve_lifecycle import ServeProcess, stream
 from workloads import load_trace
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
     return load_model(MODEL)
+
+
+async def _committed(log: Path, rows: int, timeout_s: float) -> bool:
+    """Whether the log holds `rows` committed rows (as another process sees it) in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with sqlite3.connect(log) as db:
+            if db.execute("SELECT COUNT(*) FROM requests").fetchone()[0] >= rows:
+                return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_sigkill_mid_flight_keeps_every_arrival_and_each_finish(tmp_path):
+    log = tmp_path / "requests.sqlite"
+    # Each request names itself as its tenant: the rows of unfinished ones have no known id.
+    short = [{"prompt": [5] * 6, "max_tokens": 4, "ignore_eos": True, "user": f"s{i}"}
+             for i in range(5)]
+    long = [{"prompt": [9] * (6 + i), "max_tokens": 1000, "ignore_eos": True, "user": f"l{i}"}
+            for i in range(15)]
+    server = ServeProcess(log, "--max-model-len", "1024")
+
+    async def main():
+        async with async_client(server.url) as client:
+            started = [asyncio.Event() for _ in long]
+            cut = [asyncio.create_task(stream(client, body, event))
+                   for body, event in zip(long, started, strict=True)]
+            done = await asyncio.gather(*(stream(client, body) for body in short))
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
+            committed = await _committed(log, len(short) + len(long), 5.0)
+            server.proc.send_signal(signal.SIGKILL)  # the long ones are still streaming
+            return done, await asyncio.gather(*cut), committed
+
+    try:
+        done, cut, committed = asyncio.run(main())
+        assert server.proc.wait(10) == -signal.SIGKILL
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(10)
+    assert committed, "arrivals not committed within 5 s"
+    assert all(finish == "length" for _, finish in done)
+    assert all(finish is None for _, finish in cut)
+    with sqlite3.connect(log) as db:
+        rows = {r[0]: r[1:] for r in db.execute(
+            "SELECT tenant, prompt_len, output_len, finish_s IS NOT NULL, finish_reason "
+            "FROM requests")}
+    assert set(rows) == {body["user"] for body in short + long}
+    for body in short:
+        assert rows[body["user"]] == (6, 4, 1, "length")
+    for body in long:
+        assert rows[body["user"]] == (len(body["prompt"]), 0, 0, "unfinished")
+    trace = load_trace(log)  # the replay sees all the traffic, cut-off requests at max_tokens
+    lengths = dict(zip(trace.table["tenant"], trace.output_len.tolist(), strict=True))
+    assert lengths == {body["user"]: body["max_tokens"] for body in short + long}
 
 
 def test_trace_cli_summarizes_a_request_log(tmp_path, capsys):

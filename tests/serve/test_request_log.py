@@ -1,4 +1,5 @@
-"""The SQLite request log: rows, group commits, reading it back as a trace, bench-serve replays."""
+"""The SQLite request log: rows, arrivals completed by their finish, group commits, reading
+it back as a trace."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import threading
 
 import pytest
 
-from serve.request_log import LogRow, RequestLog
+from serve.request_log import LogRow, RequestLog, arrival_row_of
+from sim.core import Request
 from workloads import TraceError, detect_format, load_trace
 
 
@@ -34,6 +36,26 @@ def test_rows_commit_call_back_and_append_across_restarts(tmp_path):
     with sqlite3.connect(path) as reader:
         ids = [r[0] for r in reader.execute("SELECT request_id FROM requests ORDER BY id")]
     assert ids == ["cmpl-0", "cmpl-1", "cmpl-2", "cmpl-3"]
+
+
+def test_arrival_row_is_committed_at_once_and_completed_by_the_final_row(tmp_path):
+    path = tmp_path / "log.sqlite"
+    log = RequestLog(path)
+    for i in range(3):
+        log.write_arrival(arrival_row_of(Request(f"cmpl-{i}", 0.5 * i, 10 + i, 20), 1000.0, "a"))
+    durable = threading.Event()
+    log.write(row(1), durable.set)  # the arrivals were queued first: committed by now
+    assert durable.wait(5.0)
+    with sqlite3.connect(path) as reader:  # before close: what a kill -9 now would leave
+        rows = reader.execute("SELECT request_id, output_len, finish_s, finish_reason, "
+                              "http_status FROM requests ORDER BY id").fetchall()
+    assert rows == [("cmpl-0", 0, None, "unfinished", 0), ("cmpl-1", 5, 0.7, "length", 200),
+                    ("cmpl-2", 0, None, "unfinished", 0)]
+    log.close()
+    trace = load_trace(path)  # unfinished rows replay the max_tokens asked for
+    assert trace.request_ids == ["cmpl-0", "cmpl-1", "cmpl-2"]
+    assert trace.prompt_len.tolist() == [10, 11, 12]
+    assert trace.output_len.tolist() == [20, 5, 20]
 
 
 def test_log_loads_as_a_trace_replay_lengths_and_tenants(tmp_path):
