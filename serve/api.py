@@ -10,7 +10,9 @@ from dataclasses import asdict
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve.chat import create_chat_completion
 from serve.completions import create_completion
 from serve.metrics import CONTENT_TYPE
 from serve.protocol import ApiError, error_body
@@ -24,14 +26,18 @@ def build_app(state: ServeState) -> FastAPI:
     app = FastAPI(title="servelab", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
     created = int(time.time())
+    key = state.config.api_key.encode("utf-8") if state.config.api_key is not None else None
 
     def authorize(request: Request) -> None:
-        key = state.config.api_key
         if key is None:
             return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # Starlette decodes header bytes as latin-1, so encoding back gives the bytes sent
+        # (UTF-8 for a non-ASCII key). Bytes also keep compare_digest from raising on a
+        # non-ASCII str. Strip only HTTP's own whitespace: str.strip() would eat 0x85 and
+        # 0xA0, which end some UTF-8 characters.
+        given = token.strip(" \t").encode("latin-1")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, key):
             raise ApiError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -39,6 +45,11 @@ def build_app(state: ServeState) -> FastAPI:
     async def completions(request: Request):
         authorize(request)
         return await create_completion(state, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        authorize(request)
+        return await create_chat_completion(state, request)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
@@ -64,6 +75,8 @@ def build_app(state: ServeState) -> FastAPI:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
+    app.add_middleware(_InternalErrors)
+
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -74,8 +87,32 @@ def _add_error_handlers(app: FastAPI) -> None:
         body = error_body(str(exc.detail), kind, code=str(exc.status_code))
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        body = error_body(f"internal error: {type(exc).__name__}", "server_error")
-        return JSONResponse(body, status_code=500)
+
+class _InternalErrors:
+    """ASGI middleware: an unexpected exception becomes a JSON 500 on a connection kept open."""
+
+    # Starlette's handler for Exception sends its 500 and then re-raises, and uvicorn closes
+    # a connection whose app raised, without `Connection: close`: a pooling client's next
+    # request on it then fails. Handled here, inside that layer, the exception ends at us.
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            if started:  # mid-response: only closing the connection can tell the client
+                raise
+            log.exception("unhandled error")
+            body = error_body(f"internal error: {type(exc).__name__}", "server_error")
+            await JSONResponse(body, status_code=500)(scope, receive, send)

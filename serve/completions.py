@@ -1,9 +1,11 @@
-"""POST /v1/completions: validate, submit to the engine thread, stream or collect the tokens.
+"""POST /v1/completions, and what chat shares with it: submit to the engine, read text back.
 
 A request is checked completely before it is queued (lengths against max_model_len and the
-KV pool), so the engine never rejects one the HTTP side accepted. A streamed response whose
-client disconnects aborts its request (the generator's `finally`); a non-streamed one
-watches the connection with a task that waits for http.disconnect.
+KV pool), so the engine never rejects one the HTTP side accepted. Its tokens come back as
+settled text (`pieces`); a stop string ends the text and aborts the request, which frees its
+KV at once. A streamed response whose client disconnects aborts its request (the generator's
+`finally`); a non-streamed one watches the connection with a task that waits for
+http.disconnect.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -22,20 +25,42 @@ from serve.protocol import (
     SSE_DONE,
     ApiError,
     CompletionRequest,
+    GenerationRequest,
     completion,
-    error_body,
     finish_label,
     parse_completion,
     sse,
     usage,
+    usage_chunk,
 )
 from serve.request_log import row_of
 from serve.state import ServeState
-from serve.tokenizer import StreamDecoder
+from serve.tokenizer import StopStrings, StreamDecoder
 from sim.core import FinishReason, Request, SamplingParams
 
 _ERRORS = {FinishReason.FAILED: (500, "server_error"),
            FinishReason.REJECTED: (400, "invalid_request_error")}
+
+
+@dataclass(slots=True)
+class Generation:
+    """A submitted request and what turns its tokens back into text."""
+
+    request: Request
+    sink: TokenSink
+    decoder: StreamDecoder
+    stops: StopStrings
+    num_output: int = 0  # output tokens answered for: none after the one that hit a stop
+    finish: str | None = None  # the OpenAI finish_reason, once the request is over
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Newly settled text and the tokens that came with it; `finish` is set on the last."""
+
+    text: str
+    token_ids: list[int]
+    finish: str | None = None
 
 
 async def read_body(http: HttpRequest, limit: int) -> bytes:
@@ -56,23 +81,21 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
 
 
-def build_request(state: ServeState, body: CompletionRequest, arrival_s: float) -> Request:
-    """The scheduler Request of a valid body; ApiError(400/404) for what cannot be served."""
-    cfg = state.config
-    if body.model is not None and body.model != cfg.model_name:
+def check_model(state: ServeState, body: GenerationRequest) -> None:
+    """404 unless the body names this server's model (or none)."""
+    name = state.config.model_name
+    if body.model is not None and body.model != name:
         raise ApiError(404, f"model {body.model!r} does not exist; this server serves "
-                       f"{cfg.model_name!r}", param="model", code="model_not_found")
-    if isinstance(body.prompt, str):
-        prompt = state.tokenizer.encode(body.prompt)
-        if not prompt:
-            raise ApiError(400, "prompt is empty", param="prompt")
-    else:
-        prompt = body.prompt
-        _check_ids(prompt, state.vocab_size, "prompt")
+                       f"{name!r}", param="model", code="model_not_found")
+
+
+def build_request(state: ServeState, body: GenerationRequest, prompt: list[int],
+                  default_max_tokens: int, arrival_s: float, tenant: str | None) -> Request:
+    """The scheduler Request of a valid body and its prompt ids."""
     _check_ids(body.stop_token_ids, state.vocab_size, "stop_token_ids")
-    max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_MAX_TOKENS
+    max_tokens = body.max_tokens if body.max_tokens is not None else default_max_tokens
     return Request(state.next_request_id(), arrival_s, len(prompt), max_tokens, prompt,
-                   _sampling(state, body))
+                   _sampling(state, body), priority=body.priority, tenant=tenant or "")
 
 
 def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -82,7 +105,7 @@ def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
                        f"{vocab_size})", param=param)
 
 
-def _sampling(state: ServeState, body: CompletionRequest) -> SamplingParams:
+def _sampling(state: ServeState, body: GenerationRequest) -> SamplingParams:
     return SamplingParams(
         temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
         seed=body.seed if body.seed is not None else state.next_seed(),
@@ -109,12 +132,12 @@ def check_lengths(state: ServeState, request: Request) -> None:
                        param="max_tokens", code="context_length_exceeded")
 
 
-async def create_completion(state: ServeState, http: HttpRequest):
-    """The whole endpoint after authentication."""
-    arrival_s = state.engine.clock.now()
-    body = parse_completion(await read_body(http, state.config.max_body_bytes))
+def start_generation(state: ServeState, http: HttpRequest, body: GenerationRequest,
+                     prompt: list[int], default_max_tokens: int, arrival_s: float
+                     ) -> Generation:
+    """Build, check and queue the request; 400/503 for what cannot be queued."""
     tenant = http.headers.get("x-tenant") or body.user
-    request = build_request(state, body, arrival_s)
+    request = build_request(state, body, prompt, default_max_tokens, arrival_s, tenant)
     sink = TokenSink(wait_durable=state.request_log is not None)
     try:
         check_lengths(state, request)
@@ -128,12 +151,29 @@ async def create_completion(state: ServeState, http: HttpRequest):
         raise ApiError(503, f"server {refused}: {exc}; retry later", type_="server_error",
                        code=refused,
                        headers={"Retry-After": str(state.config.retry_after_s)}) from None
-    decoder = state.tokenizer.decoder()
+    return Generation(request, sink, state.tokenizer.decoder(), StopStrings(body.stop_strings()))
+
+
+async def create_completion(state: ServeState, http: HttpRequest):
+    """The whole endpoint after authentication."""
+    arrival_s = state.engine.clock.now()
+    body = parse_completion(await read_body(http, state.config.max_body_bytes))
+    check_model(state, body)
+    if isinstance(body.prompt, str):
+        prompt = state.tokenizer.encode(body.prompt)
+        if not prompt:
+            raise ApiError(400, "prompt is empty", param="prompt")
+    else:
+        prompt = body.prompt
+        _check_ids(prompt, state.vocab_size, "prompt")
+    gen = start_generation(state, http, body, prompt, DEFAULT_MAX_TOKENS, arrival_s)
     if body.stream:
-        stream = _stream(state, request, sink, decoder, body.return_token_ids)
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    return await _collect(state, http, request, sink, decoder, body.return_token_ids)
+        return event_stream(_stream(state, gen, body))
+    text, token_ids = await collect(state, http, gen)
+    ids = token_ids if body.return_token_ids else None
+    return JSONResponse(completion(gen.request.request_id, int(time.time()),
+                                   state.config.model_name, text, gen.finish, ids,
+                                   usage_of(gen)))
 
 
 def _log_refused(state: ServeState, request: Request, tenant: str | None, reason: str,
@@ -157,73 +197,100 @@ async def _next(sink: TokenSink) -> StreamEvent:
     return StreamEvent(tokens, event.finish_reason, event.detail)
 
 
-async def _durable(state: ServeState, sink: TokenSink) -> None:
+async def pieces(state: ServeState, gen: Generation) -> AsyncIterator[Piece]:
+    """The request's text as it settles; ApiError if the engine failed or rejected it."""
+    while gen.finish is None:
+        event = await _next(gen.sink)
+        reason = event.finish_reason
+        if reason in _ERRORS:
+            gen.finish = reason.value
+            status, kind = _ERRORS[reason]
+            raise ApiError(status, event.detail or reason.value, type_=kind, code=reason.value)
+        gen.num_output += len(event.token_ids)
+        final = reason is not None
+        text, stopped = gen.stops.feed(gen.decoder.feed(event.token_ids, final), final)
+        if stopped and not final:
+            await _abort_and_wait(state, gen)
+        gen.finish = "stop" if stopped else finish_label(reason) if final else None
+        yield Piece(text, event.token_ids, gen.finish)
+
+
+async def _abort_and_wait(state: ServeState, gen: Generation) -> None:
+    """Abort a request that hit a stop string; return once the engine has freed it."""
+    state.engine.abort(gen.request.request_id, FinishReason.STOP)
+    # Its finish event comes after the abort is applied (KV freed, log row written); the
+    # tokens it carries were generated past the stop string and are dropped.
+    while (await gen.sink.queue.get()).finish_reason is None:
+        pass
+
+
+def settle(state: ServeState, gen: Generation) -> None:
+    """Abort the request unless it is over (its reader left, or the server is closing)."""
+    if gen.finish is None:
+        state.engine.abort(gen.request.request_id)
+
+
+async def collect(state: ServeState, http: HttpRequest, gen: Generation
+                  ) -> tuple[str, list[int]]:
+    """All the text and token ids of a request; a client that disconnects aborts it."""
+    watcher = asyncio.create_task(_abort_on_disconnect(state, http, gen.request.request_id))
+    texts: list[str] = []
+    token_ids: list[int] = []
+    try:
+        async for piece in pieces(state, gen):
+            texts.append(piece.text)
+            token_ids.extend(piece.token_ids)
+    finally:
+        watcher.cancel()
+        settle(state, gen)
+    await durable(state, gen.sink)
+    return "".join(texts), token_ids
+
+
+async def _stream(state: ServeState, gen: Generation, body: CompletionRequest
+                  ) -> AsyncIterator[bytes]:
+    rid, model, created = gen.request.request_id, state.config.model_name, int(time.time())
+    with_ids = body.return_token_ids
+    try:
+        async for piece in pieces(state, gen):
+            if piece.text or (with_ids and piece.token_ids):
+                ids = piece.token_ids if with_ids else None
+                yield sse(completion(rid, created, model, piece.text, None, ids))
+            if piece.finish is not None:
+                await durable(state, gen.sink)  # the last tokens went out before the commit
+                # Without include_usage the usage rides the finish chunk (as before OpenAI's
+                # stream_options existed); with it, its own chunk with no choices.
+                last = None if body.include_usage else usage_of(gen)
+                yield sse(completion(rid, created, model, "", piece.finish,
+                                     [] if with_ids else None, last))
+        if body.include_usage:
+            yield sse(usage_chunk(rid, "text_completion", created, model, usage_of(gen)))
+    except ApiError as exc:
+        yield sse(exc.body())
+    finally:
+        settle(state, gen)
+    yield SSE_DONE
+
+
+def event_stream(stream: AsyncIterator[bytes]) -> StreamingResponse:
+    """A server-sent-events response."""
+    return StreamingResponse(stream, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def durable(state: ServeState, sink: TokenSink) -> None:
     """Wait (bounded) until the request's log row is committed."""
     if sink.durable is not None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(sink.durable), state.config.durable_wait_s)
 
 
-async def _stream(state: ServeState, request: Request, sink: TokenSink,
-                  decoder: StreamDecoder, with_ids: bool) -> AsyncIterator[bytes]:
-    rid, model, created = request.request_id, state.config.model_name, int(time.time())
-    num_out, finished = 0, False
-    try:
-        while not finished:
-            event = await _next(sink)
-            reason = event.finish_reason
-            num_out += len(event.token_ids)
-            if reason in _ERRORS:
-                finished = True
-                yield sse(error_body(event.detail or reason.value, _ERRORS[reason][1],
-                                     code=reason.value))
-                break
-            text = decoder.feed(event.token_ids, final=reason is not None)
-            ids = event.token_ids if with_ids else None
-            if reason is None:
-                yield sse(completion(rid, created, model, text, None, ids))
-                continue
-            if text or event.token_ids:  # the last tokens go out before the log commit
-                yield sse(completion(rid, created, model, text, None, ids))
-            await _durable(state, sink)
-            finished = True
-            yield sse(completion(rid, created, model, "", finish_label(reason),
-                                 [] if with_ids else None, _usage(request, num_out)))
-        yield SSE_DONE
-    finally:
-        if not finished:  # the client went away (or the server is closing the stream)
-            state.engine.abort(rid)
-
-
-async def _collect(state: ServeState, http: HttpRequest, request: Request, sink: TokenSink,
-                   decoder: StreamDecoder, with_ids: bool) -> JSONResponse:
-    watcher = asyncio.create_task(_abort_on_disconnect(state, http, request.request_id))
-    tokens: list[int] = []
-    try:
-        while True:
-            event = await sink.queue.get()
-            tokens.extend(event.token_ids)
-            if event.finish_reason is not None:
-                break
-    finally:
-        watcher.cancel()
-    reason = event.finish_reason
-    if reason in _ERRORS:
-        status, kind = _ERRORS[reason]
-        raise ApiError(status, event.detail or reason.value, type_=kind, code=reason.value)
-    await _durable(state, sink)
-    text = decoder.feed(tokens, final=True)
-    body = completion(request.request_id, int(time.time()), state.config.model_name, text,
-                      finish_label(reason), tokens if with_ids else None,
-                      _usage(request, len(tokens)))
-    return JSONResponse(body)
-
-
-def _usage(request: Request, completion_tokens: int) -> dict:
+def usage_of(gen: Generation) -> dict:
     """The usage of a finished request."""
     # num_cached_tokens is written once, by the engine thread at the first admission, before
     # it posts any event of this request; the finish event read here came after it.
-    return usage(request.prompt_len, completion_tokens, request.num_cached_tokens)
+    request = gen.request
+    return usage(request.prompt_len, gen.num_output, request.num_cached_tokens)
 
 
 async def _abort_on_disconnect(state: ServeState, http: HttpRequest, request_id: str) -> None:

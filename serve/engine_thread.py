@@ -131,9 +131,10 @@ class EngineThread:
             self._ops.append(("add", _Live(request, sink, tenant)))
             self._cond.notify()
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request (e.g. its client left); its KV is freed at the next iteration."""
-        self._push(("abort", request_id))
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED) -> None:
+        """End a request early (its client left: ABORTED; a stop string: STOP); its KV is
+        freed at the next iteration."""
+        self._push(("abort", request_id, reason))
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on; the ones in flight go on."""
@@ -197,7 +198,7 @@ class EngineThread:
             if op[0] == "add":
                 self._add(op[1])
             elif op[0] == "abort":
-                self._abort(op[1], FinishReason.ABORTED, now)
+                self._abort(op[1], op[2], now)
             else:
                 for request_id in list(self._live):
                     self._abort(request_id, FinishReason.ABORTED, now, op[1])

@@ -1,15 +1,17 @@
-"""The OpenAI completions wire format: the request body model, errors, responses and chunks."""
+"""The OpenAI wire format: request body models, errors, and the completion objects answered."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from sim.core import FinishReason
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 1024  # bounds the text a stream holds back and the cost of matching it
 
 
 class ApiError(Exception):
@@ -36,56 +38,135 @@ def error_body(message: str, type_: str, param: str | None = None,
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-class CompletionRequest(BaseModel):
-    """The body of POST /v1/completions; strict: "5" is not an integer, true is not 1."""
+def valid_text(text: str) -> str:
+    """text itself; ValueError if it holds a lone UTF-16 surrogate."""
+    # JSON may escape one ("\udcff"); json.loads keeps it, and then UTF-8 encoding (the
+    # tokenizer, the JSON response, the SQLite log) raises. Refuse it at the door instead.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone UTF-16 surrogate at index {exc.start}; text must "
+                         "be valid Unicode") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(valid_text)]
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's stream_options."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    prompt: str | list[int]
-    model: str | None = None
+    include_usage: bool = False  # a last chunk with empty choices carries the usage
+
+
+class GenerationRequest(BaseModel):
+    """Fields both endpoints accept; strict: "5" is not an integer, true is not 1."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: Text | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=-1)  # 0 or -1 disable top-k (vLLM uses -1)
     seed: int | None = Field(default=None, ge=0, lt=1 << 63)
     stream: bool = False
-    stream_options: dict[str, Any] | None = None  # usage always rides the last chunk
+    stream_options: StreamOptions | None = None  # read only when streaming
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
-    user: str | None = None
+    stop: Text | list[Text] | None = None
+    priority: int = 0  # lower is served first under --queue priority
+    user: Text | None = None  # the tenant, unless the X-Tenant header names one
     return_token_ids: bool = False  # vLLM's extension: token ids in every choice
+    n: int = Field(default=1, ge=1)  # only 1 is served
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """`stop` as a tuple (a string is one stop string)."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        """A stream ends with a chunk that carries only the usage."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(GenerationRequest):
+    """The body of POST /v1/completions."""
+
+    prompt: Text | list[int]
     # Accepted only at their no-op values; anything else is a clear 400.
-    n: int = 1
     echo: bool = False
     logprobs: int | None = None
-    stop: str | list[str] | None = None
 
 
-_UNSUPPORTED = (("n", 1), ("echo", False), ("logprobs", None))
+# What a union's error says instead of pydantic's one message per branch.
+_UNION_MESSAGES = {
+    "prompt": "prompt: must be a string or a non-empty list of integer token ids",
+    "stop": f"stop: must be a string or a list of at most {MAX_STOP_STRINGS} strings",
+}
+Body = TypeVar("Body", bound=GenerationRequest)
 
 
-def parse_completion(raw: bytes) -> CompletionRequest:
-    """Validate a request body; raise ApiError(400) naming the first bad field."""
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body; ApiError(400) for anything else."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON ({exc})") from None
+    except RecursionError:  # the C parser recurses once per level of nesting
+        raise ApiError(400, "request body is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def validate_body(data: dict[str, Any], model: type[Body]) -> Body:
+    """`data` as `model`, then the checks both endpoints share; ApiError(400) names the field."""
     try:
-        body = CompletionRequest.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"][:1]) or None
-        message = f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
-        if param == "prompt" and first["type"] != "missing":  # the union's errors confuse
-            message = "prompt: must be a string or a non-empty list of integer token ids"
-        raise ApiError(400, message, param=param) from None
+        raise _first_error(exc) from None
+    if body.n > 1:
+        raise ApiError(400, f"n > 1 is not supported (got n={body.n})", param="n")
+    _check_stop(body.stop_strings())
+    return body
+
+
+def _first_error(exc: ValidationError) -> ApiError:
+    """A 400 naming the field of the first error (our own checks' errors before type errors)."""
+    errors = exc.errors()
+    first = next((e for e in errors if e["type"] == "value_error"), errors[0])
+    # A union adds its branch ("function-after[...]", "list[int]") to the path: not a field.
+    loc = [str(part) for part in first["loc"] if "[" not in str(part)]
+    param = loc[0] if loc else None
+    message = f"{'.'.join(loc)}: {first['msg'].removeprefix('Value error, ')}"
+    if param in _UNION_MESSAGES and first["type"] not in ("missing", "value_error"):
+        message = _UNION_MESSAGES[param]
+    return ApiError(400, message, param=param)
+
+
+def _check_stop(stops: tuple[str, ...]) -> None:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(400, _UNION_MESSAGES["stop"] + f", got {len(stops)}", param="stop")
+    for stop in stops:
+        if not stop or len(stop) > MAX_STOP_CHARS:
+            raise ApiError(400, f"stop: each stop string must have 1 to {MAX_STOP_CHARS} "
+                           f"characters, got {len(stop)}", param="stop")
+
+
+_UNSUPPORTED = (("echo", False), ("logprobs", None))
+
+
+def parse_completion(raw: bytes) -> CompletionRequest:
+    """Validate a /v1/completions body; raise ApiError(400) naming the first bad field."""
+    body = validate_body(parse_json(raw), CompletionRequest)
     for field, allowed in _UNSUPPORTED:
         if getattr(body, field) != allowed:
             raise ApiError(400, f"{field}={getattr(body, field)!r} is not supported", param=field)
-    if body.stop:
-        raise ApiError(400, "stop strings are not supported; use stop_token_ids", param="stop")
     if isinstance(body.prompt, list) and not body.prompt:
         raise ApiError(400, "prompt is empty", param="prompt")
     return body
@@ -117,6 +198,13 @@ def completion(request_id: str, created: int, model: str, text: str, finish: str
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+def usage_chunk(request_id: str, object_: str, created: int, model: str,
+                usage: dict[str, Any]) -> dict[str, Any]:
+    """The last chunk of a stream that asked for include_usage: no choices, just usage."""
+    return {"id": request_id, "object": object_, "created": created, "model": model,
+            "choices": [], "usage": usage}
 
 
 def sse(payload: dict[str, Any]) -> bytes:

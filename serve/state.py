@@ -31,10 +31,24 @@ class ApiConfig:
         for key in ("max_model_len", "max_body_bytes", "retry_after_s"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key must not be empty (omit it to disable auth)")
+        if self.api_key is not None:
+            check_api_key(self.api_key)
         if not self.durable_wait_s > 0:
             raise ValueError(f"durable_wait_s must be > 0, got {self.durable_wait_s}")
+
+
+def check_api_key(key: str) -> None:
+    """ValueError unless key can travel in an `Authorization: Bearer` header unchanged."""
+    if not key:
+        raise ValueError("api_key must not be empty (omit it to disable auth)")
+    # Control characters cannot be sent in a header, and HTTP strips the whitespace around a
+    # value. Non-ASCII is allowed: the server compares UTF-8 bytes, clients send UTF-8.
+    bad = next((i for i, char in enumerate(key) if not char.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"api_key: character U+{ord(key[bad]):04X} at index {bad} is not "
+                         "printable; a key must be printable characters only")
+    if key != key.strip():
+        raise ValueError("api_key must not begin or end with a space (HTTP strips it)")
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 Streaming decodes incrementally: text is emitted only once whole characters are available,
 so a UTF-8 character split across tokens never reaches the client as a replacement char.
+Chat messages become a prompt through the directory's chat template, else the plain one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Prompt ids of {"role", "content"} messages, ready for the assistant's turn."""
+        ...
+
     def decoder(self) -> StreamDecoder: ...
 
 
@@ -44,6 +49,10 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         """The UTF-8 bytes of text, shifted; no BOS is added."""
         return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The plain chat template's prompt, encoded."""
+        return self.encode(plain_chat_prompt(messages))
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of token ids (specials and ids above the byte range are dropped)."""
@@ -88,10 +97,25 @@ class HFTokenizer:
         self.name = directory.name
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_token_id = _eos_id(directory, self._tok)
+        self._chat = _chat_tokenizer(directory)  # None: the directory has no chat template
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, with the special tokens the tokenizer's post-processor adds."""
         return self._tok.encode(text).ids
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The chat template's prompt (else the plain one); ValueError if the template refuses."""
+        if self._chat is None:
+            return self.encode(plain_chat_prompt(messages))
+        from jinja2 import TemplateError
+
+        try:
+            text = self._chat.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        except TemplateError as exc:  # e.g. raise_exception("roles must alternate")
+            raise ValueError(f"chat template of {self.name}: {exc}") from None
+        # The template writes the special tokens (BOS) itself; encode as transformers does.
+        return self._chat.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=True)
@@ -137,6 +161,65 @@ def _eos_id(directory: Path, tok: object) -> int | None:
             eos_id = eos_id[0] if eos_id else None
         return eos_id if isinstance(eos_id, int) else None
     return None
+
+
+def _chat_tokenizer(directory: Path) -> object | None:
+    """transformers' tokenizer of a directory that ships a chat template, else None."""
+    config = directory / "tokenizer_config.json"
+    in_config = config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
+    in_files = any((directory / f).is_file() for f in ("chat_template.jinja", "chat_template.json"))
+    if not (in_config or in_files):
+        return None
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        raise ValueError(f"tokenizer {directory} has a chat template; rendering it needs the "
+                         "`transformers` package (pip install transformers)") from None
+    try:
+        tok = PreTrainedTokenizerFast.from_pretrained(str(directory))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"tokenizer {directory}: cannot load its chat template ({exc})") from None
+    return tok if tok.chat_template else None
+
+
+def plain_chat_prompt(messages: list[dict[str, str]]) -> str:
+    """The plain template: "<|role|>\\ncontent\\n" per message, then "<|assistant|>\\n"."""
+    turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return turns + "<|assistant|>\n"
+
+
+class StopStrings:
+    """Cuts streamed text at the first stop string, holding back what could begin one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = stops
+        self._held = ""  # the tail that may be the start of a stop string: not yet emitted
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was hit); the stop and what follows go."""
+        if not self._stops:
+            return text, False
+        text, self._held = self._held + text, ""
+        hits = [at for at in (text.find(stop) for stop in self._stops) if at >= 0]
+        if hits:
+            return text[:min(hits)], True
+        if not final:
+            self._held = text[_partial_stop_start(text, self._stops):]
+        return text[:len(text) - len(self._held)], False
+
+
+def _partial_stop_start(text: str, stops: tuple[str, ...]) -> int:
+    """Where the longest tail of text that is a proper prefix of a stop string starts."""
+    start = len(text)
+    for stop in stops:
+        # The earliest candidate is the longest; candidates begin with stop[0].
+        at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+        while at != -1 and at < start:
+            if stop.startswith(text[at:]):
+                start = at
+                break
+            at = text.find(stop[0], at + 1)
+    return start
 
 
 def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:

@@ -99,10 +99,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def aborted(url: str) -> float:
-    """vllm:request_success_total{finished_reason="aborted"} from /metrics."""
+def aborted(url: str, reason: str = "aborted") -> float:
+    """vllm:request_success_total{finished_reason=reason} from /metrics."""
     text = httpx.get(f"{url}/metrics", trust_env=False, timeout=10).text
     for line in text.splitlines():
-        if line.startswith("vllm:request_success_total") and 'finished_reason="aborted"' in line:
+        if (line.startswith("vllm:request_success_total")
+                and f'finished_reason="{reason}"' in line):
             return float(line.split()[-1])
     return 0.0

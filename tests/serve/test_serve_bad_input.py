@@ -33,7 +33,8 @@ BAD_BODIES = [
     pytest.param(b'{"prompt": "hi", "top_p": 0}', 400, "top_p", id="top-p-zero"),
     pytest.param(b'{"prompt": "hi", "stream": "yes"}', 400, "stream", id="stream-str"),
     pytest.param(b'{"prompt": "hi", "n": 2}', 400, "n", id="n-unsupported"),
-    pytest.param(b'{"prompt": "hi", "stop": ["x"]}', 400, "stop", id="stop-strings"),
+    pytest.param(b'{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop",
+                 id="five-stop-strings"),
     pytest.param(b'{"prompt": "hi", "model": "gpt-9"}', 404, "model", id="unknown-model"),
     pytest.param(b'{"prompt": "' + b"x" * 70_000 + b'"}', 413, None, id="body-too-large"),
 ]
