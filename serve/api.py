@@ -29,17 +29,7 @@ def build_app(state: ServeState) -> FastAPI:
     key = state.config.api_key.encode("utf-8") if state.config.api_key is not None else None
 
     def authorize(request: Request) -> None:
-        if key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        # Starlette decodes header bytes as latin-1, so encoding back gives the bytes sent
-        # (UTF-8 for a non-ASCII key). Bytes also keep compare_digest from raising on a
-        # non-ASCII str. Strip only HTTP's own whitespace: str.strip() would eat 0x85 and
-        # 0xA0, which end some UTF-8 characters.
-        given = token.strip(" \t").encode("latin-1")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, key):
-            raise ApiError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        check_bearer(request.headers.get("authorization", ""), key)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -70,11 +60,27 @@ def build_app(state: ServeState) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    _add_error_handlers(app)
+    add_error_handlers(app)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def check_bearer(authorization: str, key: bytes | None) -> None:
+    """401 unless the Authorization header is 'Bearer KEY' for the key's UTF-8 bytes (no
+    key: everyone is let in)."""
+    if key is None:
+        return
+    scheme, _, token = authorization.partition(" ")
+    # Starlette decodes header bytes as latin-1, so encoding back gives the bytes sent
+    # (UTF-8 for a non-ASCII key). Bytes also keep compare_digest from raising on a
+    # non-ASCII str. Strip only HTTP's own whitespace: str.strip() would eat 0x85 and
+    # 0xA0, which end some UTF-8 characters.
+    given = token.strip(" \t").encode("latin-1")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given, key):
+        raise ApiError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def add_error_handlers(app: FastAPI) -> None:
     app.add_middleware(_InternalErrors)
 
     @app.exception_handler(ApiError)

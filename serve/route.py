@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from serve.api import _add_error_handlers
+from serve.api import add_error_handlers
 from serve.metrics import CONTENT_TYPE
 from serve.route_proxy import RouteConfig, RouteState, fetch_models, forward
 from serve.route_upstreams import poll, poll_forever
@@ -56,7 +56,7 @@ def build_route_app(state: RouteState) -> FastAPI:
         text = state.metrics.render(state.upstreams, len(state.index))
         return Response(text, media_type=CONTENT_TYPE)
 
-    _add_error_handlers(app)
+    add_error_handlers(app)
     return app
 
 

@@ -10,7 +10,6 @@ connection, which is how a vLLM-style server learns to abort the request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from serve.api import check_bearer
 from serve.completions import read_body
 from serve.protocol import ApiError, error_body, sse
 from serve.route_prefix import PrefixIndex, PromptBlocks, kv_tokens_estimate, prompt_blocks
@@ -90,12 +90,7 @@ class RouteState:
 def authorize(state: RouteState, http: HttpRequest) -> None:
     """401 unless the client sent the router's key (when it has one)."""
     key = state.config.api_key
-    if key is None:
-        return
-    scheme, _, token = http.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
-        raise ApiError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    check_bearer(http.headers.get("authorization", ""), key.encode("utf-8") if key else None)
 
 
 def pick_upstream(state: RouteState, blocks: PromptBlocks | None,
