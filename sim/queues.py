@@ -67,12 +67,17 @@ class _AgedQueue:
 
     def append(self, request: Request) -> None:
         """A new arrival."""
+        self._enter(request, front=False)
+
+    def appendleft(self, request: Request) -> None:
+        """A preempted request: ahead of the later arrivals of its class or tenant."""
+        self._enter(request, front=True)
+
+    def _enter(self, request: Request, front: bool) -> None:
         number = next(self._numbers)
         self._live[request.request_id] = number
         heapq.heappush(self._arrivals, (request.arrival_s, number, request))
-        self._add(number, request)
-
-    appendleft = append  # a preempted request: its place follows from its arrival and key
+        self._add(number, request, front)
 
     def remove(self, request: Request) -> None:
         if self._live.pop(request.request_id, None) is None:
@@ -96,7 +101,7 @@ class _AgedQueue:
     def _valid(self, number: int, request: Request) -> bool:
         return self._live.get(request.request_id) == number
 
-    def _add(self, number: int, request: Request) -> None:
+    def _add(self, number: int, request: Request, front: bool) -> None:
         raise NotImplementedError
 
     def _first(self) -> Request:
@@ -104,15 +109,17 @@ class _AgedQueue:
 
 
 class KeyedQueue(_AgedQueue):
-    """Smallest key first (priority, or predicted remaining output), ties by entry order."""
+    """Smallest key first (priority, or predicted remaining output), then arrival order
+    (so a preempted request goes ahead of its class's later arrivals)."""
 
     def __init__(self, order: str, aging_s: float, sjf_noise: float = 0.0) -> None:
         super().__init__(aging_s)
         self.order, self.sjf_noise = order, sjf_noise
-        self._heap: list[tuple[float, int, Request]] = []
+        self._heap: list[tuple[float, float, int, Request]] = []
 
-    def _add(self, number: int, request: Request) -> None:
-        heapq.heappush(self._heap, (self._key(request), number, request))
+    def _add(self, number: int, request: Request, front: bool) -> None:
+        entry = (self._key(request), request.arrival_s, number, request)
+        heapq.heappush(self._heap, entry)
 
     def _key(self, request: Request) -> float:
         if self.order == "priority":
@@ -122,9 +129,9 @@ class KeyedQueue(_AgedQueue):
 
     def _first(self) -> Request:
         heap = self._heap
-        while not self._valid(heap[0][1], heap[0][2]):
+        while not self._valid(heap[0][2], heap[0][3]):
             heapq.heappop(heap)
-        return heap[0][2]
+        return heap[0][3]
 
 
 class FairQueue(_AgedQueue):
@@ -135,7 +142,7 @@ class FairQueue(_AgedQueue):
         self.counters: dict[str, float] = {}  # tenant -> weighted tokens served
         self._tenants: dict[str, deque[tuple[int, Request]]] = {}
 
-    def _add(self, number: int, request: Request) -> None:
+    def _add(self, number: int, request: Request, front: bool) -> None:
         tenant = request.tenant
         queue = self._tenants.setdefault(tenant, deque())
         self._drop_stale(queue)
@@ -144,7 +151,10 @@ class FairQueue(_AgedQueue):
                        if t != tenant and self._drop_stale(q)]
             lifted = min(waiting, default=0.0)
             self.counters[tenant] = max(self.counters.get(tenant, 0.0), lifted)
-        queue.append((number, request))
+        if front:  # preempted: ahead of its tenant's later arrivals
+            queue.appendleft((number, request))
+        else:
+            queue.append((number, request))
 
     def _drop_stale(self, queue: deque[tuple[int, Request]]) -> bool:
         while queue and not self._valid(*queue[0]):

@@ -139,3 +139,15 @@ def test_jain_index_bounds_and_max_min_shares():
 def test_bad_queue_settings_raise(field, value, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(**{field: value})
+
+
+@pytest.mark.parametrize("queue", ["priority", "fair", "sjf"])
+def test_a_preempted_request_goes_ahead_of_later_arrivals_of_its_class(queue):
+    from sim.queues import make_queue
+
+    waiting = make_queue(queue, aging_s=1e6)
+    old = Request("old", 0.0, 10, 5, priority=1, tenant="t")
+    for i in range(3):
+        waiting.append(Request(f"new{i}", 1.0 + i, 10, 5, priority=1, tenant="t"))
+    waiting.appendleft(old)  # evicted: it arrived before every request waiting
+    assert waiting.head(5.0) is old
