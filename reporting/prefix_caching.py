@@ -1,4 +1,4 @@
-"""Report section 6, the last: prefix caching on the Mooncake trace. The hit rate each KV
+"""Report section: prefix caching on the Mooncake trace. The hit rate each KV
 pool size reaches against the trace's ceiling, and what caching does to TTFT and throughput."""
 
 from __future__ import annotations

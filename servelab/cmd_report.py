@@ -1,7 +1,9 @@
 """`servelab report`: regenerate the committed report (charts and a markdown page) from
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
 KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, and
-against vLLM from the committed run of benchmarks/server_fidelity.py), and prefix caching.
+against vLLM from the committed run of benchmarks/server_fidelity.py), prefix caching,
+clusters (replicas per router, and prefill/decode disaggregation), and queue orders with
+preemption by swap.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from pathlib import Path
 
 from reporting import sections
 from reporting.capacity import latency_vs_load
+from reporting.clusters import clusters
 from reporting.prefix_caching import prefix_caching
+from reporting.queues import queue_orders
 from reporting.report import machine, write_markdown
 from reporting.server_fidelity import server_fidelity
 from servelab.sim_args import write_json_atomic
@@ -27,8 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="directory for report.md, report.json and figures/ "
                              "(default reports)")
     report.add_argument("--workers", type=int, default=None,
-                        help="processes for the sweep and the prefix-caching runs "
-                             "(default: one per core)")
+                        help="processes for the simulated sections (default: one per core)")
     report.add_argument("--skip-measured", action="store_true",
                         help="leave out the sections that run the model (1 and 5)")
     report.set_defaults(func=_run)
@@ -63,6 +66,10 @@ def _run(args: argparse.Namespace) -> int:
         done.append(server_fidelity(vllm, figures))
     log("prefix caching against KV pool size")
     done.append(prefix_caching(figures, args.workers))
+    log("clusters: replicas per router, and P/D against co-located replicas")
+    done.append(clusters(figures, args.workers))
+    log("queue orders and preemption by swap")
+    done.append(queue_orders(figures, args.workers))
     elapsed = time.perf_counter() - started
     write_markdown(args.out / "report.md", done, elapsed)
     write_json_atomic(args.out / "report.json", {
