@@ -1,0 +1,71 @@
+"""`servelab serve --simulate`: starts without weights, answers, drains; bad flag mixes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from servelab.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def get(url: str, body: dict | None = None) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        return response.read()
+
+
+def test_serve_simulate_answers_without_weights_and_drains_on_sigterm():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "servelab", "serve", "--simulate", "--hardware", "h200",
+         "--policy", "chunked", "--port", "0"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        assert match, line
+        url = match.group(1)
+        assert "llama-3-8b, simulated llama-3-8b on h200 (bf16), chunked" in line
+        models = json.loads(get(f"{url}/v1/models"))
+        assert models["data"][0]["id"] == "llama-3-8b"
+        body = {"prompt": "hello", "max_tokens": 3}
+        assert json.loads(get(f"{url}/v1/completions", body))["choices"][0]["text"] == "xxx"
+        events = get(f"{url}/v1/completions", {**body, "stream": True}).decode().split("\n\n")
+        assert events[-2:] == ["data: [DONE]", ""]
+        chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == "xxx"
+        assert b"vllm:num_requests_running" in get(f"{url}/metrics")
+        assert "torch" not in get_modules(process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+        process.stderr.close()
+    assert code == 0
+
+
+def get_modules(process: subprocess.Popen) -> str:
+    """The process's mapped files: torch's shared libraries show if it was imported."""
+    return Path(f"/proc/{process.pid}/maps").read_text()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--hardware", "h100"], "--hardware: only with --simulate"),
+    (["--cost-model", "c.json", "--tp", "2"], "--tp, --cost-model: only with --simulate"),
+    (["--simulate", "--device", "cpu", "--threads", "2"], "--device, --threads: not with"),
+    (["--simulate", "--model", "no-such-model"], "no-such-model"),
+    (["--simulate", "--hardware", "no-such-gpu"], "no-such-gpu"),
+    (["--simulate", "--dtype", "float32"], "float32"),
+])
+def test_serve_simulate_rejects_flags_of_the_other_mode(argv, message, capsys):
+    assert main(["serve", "--port", "0", *argv]) == 2
+    assert message in capsys.readouterr().err
