@@ -55,6 +55,10 @@ class BlockManager:
         self.num_host_blocks = num_host_blocks
         self._host_free = list(range(num_host_blocks - 1, -1, -1))
         self._host_tables: dict[str, list[int]] = {}
+        # Host blocks a swap-in of the step being planned reads: free again only once that
+        # step ran (settle_swaps), or a swap-out of the same step, copied first, would
+        # overwrite them before they are read.
+        self._host_reading: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -247,8 +251,13 @@ class BlockManager:
         if not self.try_allocate(request_id, num_tokens):
             return None
         host = self._host_tables.pop(request_id)
-        self._host_free.extend(reversed(host))
+        self._host_reading.extend(host)
         return host, self._tables[request_id][:len(host)]
+
+    def settle_swaps(self) -> None:
+        """The planned step ran: the host blocks its swap-ins read are free."""
+        self._host_free.extend(reversed(self._host_reading))
+        self._host_reading.clear()
 
     def drop_swapped(self, request_id: str) -> None:
         """Release a swapped-out request's host blocks (it was aborted)."""
@@ -269,5 +278,6 @@ class BlockManager:
         assert owners == self._ref, "reference counts differ from the block tables"
         assert all(self._key[b] is not None for b in self._evictable), "uncached evictable block"
         assert all(self._key[b] == k for k, b in self._cached.items()), "cache map out of sync"
-        host = self._host_free + [b for t in self._host_tables.values() for b in t]
+        host = (self._host_free + self._host_reading
+                + [b for t in self._host_tables.values() for b in t])
         assert sorted(host) == list(range(self.num_host_blocks)), "a host block is lost"

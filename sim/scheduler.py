@@ -15,6 +15,7 @@ from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
 from sim.plan import add_decodes, add_to_plan, remove_from_plan
 from sim.queues import make_queue
 from sim.scheduler_config import POLICIES, SchedulerConfig
+from sim.static_padding import Padding
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
 
@@ -51,10 +52,7 @@ class Scheduler:
         self._chunked = config.policy == "chunked"
         self._static = config.policy == "static"
         self._reserve = config.reserves_full
-        # Static batching: finished rows of the current batch, kept as padding, and the
-        # totals of their KV lengths (constant while they wait), so a step costs O(active).
-        self._padding: list[Request] = []
-        self._pad_context = self._pad_context_max = 0
+        self._padding = Padding()  # static batching's finished rows
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -113,6 +111,8 @@ class Scheduler:
     def schedule(self, now: float) -> BatchPlan:
         """Decide what the next step computes (an empty plan if there is nothing to do)."""
         plan = BatchPlan()
+        if self._swap:
+            self.block_manager.settle_swaps()
         if self._static:
             self._schedule_static(plan, now)
             return plan
@@ -213,7 +213,7 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while waiting and budget > 0:
             request = waiting.head(now)
-            if len(self.running) >= max_seqs and not self._preempt_for(request, plan):
+            if len(self.running) >= max_seqs and not self._preempt_for(request, plan, now):
                 break
             swapped = self._swap and bm.holds_swapped(request.request_id)
             prefix = bm.cached_prefix(request) if self._caching and not swapped else ()
@@ -228,7 +228,7 @@ class Scheduler:
             need = request.prompt_len + request.max_new_tokens if self._reserve else cached + n
             moved = bm.swap_in(request.request_id, need) if swapped else None
             if not (moved if swapped else bm.try_allocate(request.request_id, need, prefix)):
-                if self._preempt_for(request, plan):
+                if self._preempt_for(request, plan, now):
                     continue
                 break
             if moved:  # its KV comes back from host memory before this step's forward
@@ -258,18 +258,24 @@ class Scheduler:
             self.running.append(request)
         plan.admitted.append(request.request_id)
 
-    def _preempt_for(self, request: Request, plan: BatchPlan) -> bool:
+    def _preempt_for(self, request: Request, plan: BatchPlan, now: float) -> bool:
         """Under `priority`, evict the lowest-priority running request to make room for a
-        waiting one of strictly higher priority; False (nothing done) otherwise."""
+        waiting one of strictly higher priority; False (nothing done) otherwise. Neither a
+        request admitted this step (it would be admitted and evicted over and over) nor an
+        overdue one (a stream of higher classes would evict it forever) is evicted."""
         running = self.running
-        if self._priority and running and running[-1].priority > request.priority:
-            self._preempt(running[-1], plan)
-            return True
-        return False
+        if not self._priority or not running:
+            return False
+        victim = running[-1]
+        if (victim.priority <= request.priority or victim.request_id in plan.admitted
+                or now - victim.arrival_s >= self.config.queue_aging_s):
+            return False
+        self._preempt(victim, plan)
+        return True
 
     def _schedule_static(self, plan: BatchPlan, now: float) -> None:
         """Batch at a time: a new batch only once every row of the last one finished."""
-        if not self.running and not self._padding:
+        if not self.running and not self._padding.rows:
             bm = self.block_manager
             while self.waiting and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting.head(now)
@@ -285,11 +291,8 @@ class Scheduler:
                 add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
         else:
             add_decodes(plan, self.running)
-        if self._padding:  # finished rows: computed like decodes, their totals kept running
-            plan.padding = self._padding.copy()
-            plan.decode_seqs += len(self._padding)
-            plan.decode_context += self._pad_context
-            plan.decode_context_max = max(plan.decode_context_max, self._pad_context_max)
+        if self._padding.rows:
+            self._padding.add_to(plan)
 
     # ---- after the step ------------------------------------------------------------------
 
@@ -334,28 +337,17 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
         if self._static:  # rows are returned together, when the batch ends
-            return self._end_static_batch(now) if not self.running and self._padding else []
+            if not self.running and self._padding.rows:
+                return self._padding.release(now, self.block_manager)
+            return []
         return finished
 
     def _pad(self, request: Request, reason: FinishReason) -> None:
-        """Static: a finished row stays in the batch as padding and keeps its KV until the
-        batch ends; its response is returned then (Orca's critique of static batching)."""
+        """Static: a finished row stays in the batch as padding (sim.static_padding)."""
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self._live[request.request_id]
-        self._padding.append(request)
-        ctx = request.prompt_len + len(request.token_times_s)
-        self._pad_context += ctx
-        self._pad_context_max = max(self._pad_context_max, ctx)
-
-    def _end_static_batch(self, now: float) -> list[Request]:
-        batch, self._padding = self._padding, []
-        self._pad_context = self._pad_context_max = 0
-        for request in batch:
-            self.block_manager.free(request.request_id)
-            if request.finish_s is None:  # aborted rows keep the time they were aborted
-                request.finish_s = now
-        return batch
+        self._padding.add(request)
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         request.status = RequestStatus.FINISHED

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from sim.core import FinishReason, Request, StepResult
@@ -18,7 +18,7 @@ def check_blocks(sched: Scheduler) -> None:
     """Every block is free, cached-free or held, once; reference counts match the tables."""
     bm = sched.block_manager
     bm.check()
-    holders = sched.running + sched._padding  # static padding rows keep KV until batch end
+    holders = sched.running + sched._padding.rows  # static padding rows keep KV until batch end
     assert set(bm._tables) <= {r.request_id for r in holders}
 
 
@@ -114,6 +114,15 @@ def test_prefix_cache_hits_read_their_own_tokens_and_conserve_blocks(
 
 
 @settings(max_examples=60, deadline=None)
+# An overdue low-priority request admitted and evicted for a higher one in the same step,
+# over and over (a livelock); a request swapped in and evicted again in one step.
+@example(policy="recompute", operations=[("add", 20, 1, 0)] * 10 + [
+    ("add", 105, 1, 1), ("step", 1), ("add", 20, 1, 0)], num_blocks=31, max_num_seqs=2,
+    caching=False, queue="priority", swap_blocks=1)
+@example(policy="recompute", operations=[
+    ("add", 20, 1, 0), ("abort", 0), ("abort", 0), ("add", 87, 8, 0), ("abort", 0),
+    ("step", 1), ("step", 1), ("add", 20, 3, 1), ("step", 1), ("add", 26, 4, 0)],
+    num_blocks=31, max_num_seqs=2, caching=False, queue="priority", swap_blocks=5)
 @given(policy=st.sampled_from(["recompute", "chunked"]), operations=shared_ops,
        num_blocks=st.integers(31, 45), max_num_seqs=st.integers(2, 6), caching=st.booleans(),
        queue=st.sampled_from(QUEUES), swap_blocks=st.integers(1, 30))

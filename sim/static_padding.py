@@ -1,0 +1,43 @@
+"""Static batching's finished rows: they stay in the batch as padding until it ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.block_manager import BlockManager
+from sim.core import BatchPlan, Request
+
+
+@dataclass(slots=True)
+class Padding:
+    """Finished rows of the current static batch: computed like decodes (no output) and
+    holding their KV until the whole batch ends, when their responses are returned
+    (Orca's critique of static batching). Their KV lengths stay fixed while they wait, so
+    the totals are kept running and a step costs O(active rows)."""
+
+    rows: list[Request] = field(default_factory=list)
+    context: int = 0  # sum of the rows' KV lengths
+    context_max: int = 0  # longest row KV length
+
+    def add(self, request: Request) -> None:
+        self.rows.append(request)
+        ctx = request.prompt_len + len(request.token_times_s)
+        self.context += ctx
+        self.context_max = max(self.context_max, ctx)
+
+    def add_to(self, plan: BatchPlan) -> None:
+        """Put the rows in a step's plan as one-token decodes that sample nothing."""
+        plan.padding = self.rows.copy()
+        plan.decode_seqs += len(self.rows)
+        plan.decode_context += self.context
+        plan.decode_context_max = max(plan.decode_context_max, self.context_max)
+
+    def release(self, now: float, block_manager: BlockManager) -> list[Request]:
+        """The batch ended at `now`: free every row's KV and return the rows."""
+        batch, self.rows = self.rows, []
+        self.context = self.context_max = 0
+        for request in batch:
+            block_manager.free(request.request_id)
+            if request.finish_s is None:  # aborted rows keep the time they were aborted
+                request.finish_s = now
+        return batch
