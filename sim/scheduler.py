@@ -60,7 +60,7 @@ class Scheduler:
         """Queue a request; reject it at once (and return False) if it can never fit."""
         if request.request_id in self._live:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
-        reason = self._never_fits(request)
+        reason = self.config.never_fits(request.prompt_len + request.max_new_tokens)
         if reason:
             request.status = RequestStatus.FINISHED
             request.finish_reason = FinishReason.REJECTED
@@ -71,16 +71,6 @@ class Scheduler:
         self._live[request.request_id] = request
         self.waiting.append(request)
         return True
-
-    def _never_fits(self, request: Request) -> str:
-        total = request.prompt_len + request.max_new_tokens
-        cfg = self.config
-        if total > cfg.max_model_len:
-            return f"prompt+max_new_tokens={total} exceeds max_model_len={cfg.max_model_len}"
-        blocks = self.block_manager.blocks_for(total)
-        if blocks > cfg.num_blocks:
-            return f"needs {blocks} KV blocks, the pool has {cfg.num_blocks}"
-        return ""
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED,
               now: float | None = None) -> Request | None:

@@ -69,6 +69,16 @@ class SchedulerConfig:
                     f"policy {self.policy} prefills whole prompts, use chunked to split them"
                 )
 
+    def never_fits(self, num_tokens: int) -> str:
+        """Why a request of num_tokens (prompt + max_new_tokens) can never run; '' if it can."""
+        if num_tokens > self.max_model_len:
+            return (f"prompt+max_new_tokens={num_tokens} exceeds "
+                    f"max_model_len={self.max_model_len}")
+        blocks = -(-num_tokens // self.block_size)
+        if blocks > self.num_blocks:
+            return f"needs {blocks} KV blocks, the pool has {self.num_blocks}"
+        return ""
+
     @property
     def budget(self) -> int:
         """The resolved per-step token budget."""
