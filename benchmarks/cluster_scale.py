@@ -13,9 +13,9 @@ the replay alone and its cost per request, per engine step and per token.
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 
+from executor.loading import cpu_model
 from sim.cluster import ClusterConfig, run_cluster
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
@@ -27,16 +27,6 @@ from workloads import open_trace
 
 REFERENCE_S = 41.0  # one replica of azure-code in the best existing simulator
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from executor.loading import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("completed", "failed", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
         "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2el_ms")
@@ -42,12 +44,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hardware", default="h100")
     return parser.parse_args()
 
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def servelab(*argv: str) -> None:
