@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
@@ -26,6 +27,23 @@ _LATENCY_BARS = (
     ("median_itl_ms", "ITL p50"),
     ("p99_itl_ms", "ITL p99"),
 )
+
+
+def write_run_outputs(runs: dict[str, RunTables], out_dir: Path, title: str,
+                      replicas: dict[str, pd.DataFrame] | None = None) -> tuple[int, int]:
+    """`--out DIR` of a run per policy: requests_P.csv, steps_P.parquet, replicas_P.csv for a
+    cluster, and the charts; returns (charts, tables) written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = 0
+    for policy, run in runs.items():
+        run.requests.to_csv(out_dir / f"requests_{policy}.csv", index=False)
+        run.steps.to_parquet(out_dir / f"steps_{policy}.parquet", index=False)
+        tables += 2
+        if replicas and replicas.get(policy) is not None:
+            replicas[policy].to_csv(out_dir / f"replicas_{policy}.csv", index=False)
+            tables += 1
+    return len(write_charts(runs, out_dir, title)), tables
 
 
 def write_charts(runs: dict[str, RunTables], out_dir: Path, title: str) -> list[Path]:

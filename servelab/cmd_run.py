@@ -27,9 +27,8 @@ from servelab.sim_args import (
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.core import SamplingParams
-from sim.metrics import inter_token_latencies_ms, request_table, step_table, summarize
-from sim.policy_runs import RunTables
-from sim.simulation import RunResult
+from sim.metrics import summarize
+from sim.policy_runs import RunTables, run_tables
 from sim.workload import requests_from_trace
 
 
@@ -74,30 +73,19 @@ def _run(args: argparse.Namespace) -> int:
     print(format_summaries({policy: summary}))
     payload = _payload(args, trace, config, loaded, slo, policy, summary)
     if args.out is not None:  # the files `servelab simulate --out` writes, measured
-        _write_out(args.out, trace.name, policy, _tables(result, summary))
+        _write_out(args.out, trace.name, policy, run_tables(result, summary))
         write_json_atomic(args.out / "summary.json", payload)
     if args.json is not None:
         write_json_atomic(args.json, payload)
     return 0
 
 
-def _tables(result: RunResult, summary: dict) -> RunTables:
-    """The measured run as the tables simulate's --out writes and the charts read."""
-    return RunTables(summary=summary, requests=request_table(result.requests),
-                     steps=step_table(result.steps),
-                     itl_ms=inter_token_latencies_ms(result.requests),
-                     num_blocks=result.num_blocks)
-
-
 def _write_out(out_dir: Path, trace_name: str, policy: str, tables: RunTables) -> None:
     """requests_{policy}.csv, steps_{policy}.parquet and the four charts, as simulate names them."""
-    from reporting.charts import write_charts
+    from reporting.charts import write_run_outputs
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tables.requests.to_csv(out_dir / f"requests_{policy}.csv", index=False)
-    tables.steps.to_parquet(out_dir / f"steps_{policy}.parquet", index=False)
-    paths = write_charts({policy: tables}, out_dir, title=trace_name)
-    print(f"wrote {len(paths)} charts and 2 tables to {out_dir}")
+    charts, count = write_run_outputs({policy: tables}, out_dir, trace_name)
+    print(f"wrote {charts} charts and {count} tables to {out_dir}")
 
 
 def _payload(args, trace, config, loaded, slo, policy, summary) -> dict:

@@ -101,20 +101,11 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
 
 
 def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome]) -> None:
-    from reporting.charts import write_charts
+    from reporting.charts import write_run_outputs
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {p: o.tables for p, o in outcomes.items()}
-    count = 0
-    for policy, outcome in outcomes.items():
-        outcome.tables.requests.to_csv(out_dir / f"requests_{policy}.csv", index=False)
-        outcome.tables.steps.to_parquet(out_dir / f"steps_{policy}.parquet", index=False)
-        count += 2
-        if outcome.replicas is not None:
-            outcome.replicas.to_csv(out_dir / f"replicas_{policy}.csv", index=False)
-            count += 1
-    paths = write_charts(runs, out_dir, title=trace_name)
-    print(f"wrote {len(paths)} charts and {count} tables to {out_dir}")
+    charts, tables = write_run_outputs({p: o.tables for p, o in outcomes.items()}, out_dir,
+                                       trace_name, {p: o.replicas for p, o in outcomes.items()})
+    print(f"wrote {charts} charts and {tables} tables to {out_dir}")
 
 
 def format_replicas(table) -> str:

@@ -68,13 +68,18 @@ def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
     summary = summarize(result, slo)
     if not keep_tables:
         return PolicyOutcome(summary, replicas=replicas)
-    table = request_table(result.requests)
+    tables = run_tables(result, summary)
     if ran is not None:
-        table["replica"] = served_by(ran)
-    tables = RunTables(summary=summary, requests=table, steps=step_table(result.steps),
-                       itl_ms=inter_token_latencies_ms(result.requests),
-                       num_blocks=config.num_blocks)
+        tables.requests["replica"] = served_by(ran)
     return PolicyOutcome(summary, tables, replicas)
+
+
+def run_tables(result: RunResult, summary: dict) -> RunTables:
+    """A finished run (simulated or measured) as the tables `--out` writes and charts read."""
+    return RunTables(summary=summary, requests=request_table(result.requests),
+                     steps=step_table(result.steps),
+                     itl_ms=inter_token_latencies_ms(result.requests),
+                     num_blocks=result.num_blocks)
 
 
 def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Backend,
