@@ -5,9 +5,11 @@ The target: a 1,000,000-request synthetic trace over 32 replicas behind a router
 best existing simulator on the same machine class). The trace has azure-conv's lengths
 (resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
 deployment is Llama-3-8B on one H100 per replica, chunked prefill. Prints the wall time of
-the replay alone and its cost per request, per engine step and per token.
+the replay alone and its cost per request, per engine step and per token. `--listed` lists
+every decode row in every plan instead of deferring them (sim.deferred): the same results,
+the per-row cost it saves.
 
-    python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32]
+    python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32] [--listed]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--rate-per-replica", type=float, default=12.0)
     parser.add_argument("--router", default="least-requests")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--listed", action="store_true", help="list every decode row")
     args = parser.parse_args()
     rate = args.rate_per_replica * args.replicas
     spec = (f"synthetic:n={args.requests},rate={rate:g},prompt=empirical(azure-conv),"
@@ -48,13 +51,13 @@ def main() -> None:
     engines = [Engine(Scheduler(config), backend) for _ in range(args.replicas)]
     cluster = ClusterConfig(num_replicas=args.replicas, router=RouterConfig(args.router))
     start = time.perf_counter()
-    result = run_cluster(requests, engines, cluster)
+    result = run_cluster(requests, engines, cluster, defer_decodes=not args.listed)
     replay_s = time.perf_counter() - start
     summary = summarize(result.run_result())
     steps = summary["num_steps"]
     tokens = summary["total_output"]
     print(f"{cpu_model()}; {args.requests} requests, {args.replicas} replicas, router "
-          f"{args.router}, {rate:g} req/s")
+          f"{args.router}, {rate:g} req/s, decode rows {'listed' if args.listed else 'deferred'}")
     print(f"trace built in {built_s:.1f} s; replay {replay_s:.1f} s wall "
           f"(target 120 s; reference {REFERENCE_S:.0f} s for 8,819 requests on one replica)")
     print(f"  {replay_s / args.requests * 1e6:.1f} us per request, {replay_s / steps * 1e6:.1f} us "

@@ -108,25 +108,36 @@ class BlockManager:
         """Grow request_id's table to hold num_tokens tokens, starting a new table with the
         cached `prefix` blocks (from `cached_prefix`); False, changing nothing, if short."""
         table = self._tables.get(request_id)
-        if prefix and table is not None:
-            raise ValueError(f"request {request_id} already holds blocks; a prefix starts a table")
-        have = len(table) if table is not None else len(prefix)
-        missing = -(-num_tokens // self.block_size) - have
-        if missing <= 0 and not prefix:
+        if not prefix:  # growing (or starting) a table: the per-step path, kept short
+            missing = -(-num_tokens // self.block_size) - (len(table) if table else 0)
+            if missing <= 0:
+                return True
+            empty = self._empty
+            if missing > len(empty) + self.num_blocks - self._next_fresh + len(self._evictable):
+                return False
+            if table is None:
+                table = self._tables[request_id] = []
+            if missing == 1 and empty:  # one block off the top of the empty stack
+                block = empty.pop()
+                table.append(block)
+                self._ref[block] = 1
+            else:
+                self._take(table, missing)
             return True
+        if table is not None:
+            raise ValueError(f"request {request_id} already holds blocks; a prefix starts a table")
+        missing = -(-num_tokens // self.block_size) - len(prefix)
         ref = self._ref
         revived = sum(1 for block in prefix if ref[block] == 0)  # leave the evictable queue
         if missing > self.num_free_blocks - revived:
             return False
-        if table is None:
-            table = self._tables[request_id] = []
+        table = self._tables[request_id] = []
         for block in prefix:
             if ref[block] == 0:
                 del self._evictable[block]
             ref[block] += 1
         table.extend(prefix)
-        if prefix:
-            self._num_keyed[request_id] = len(prefix)
+        self._num_keyed[request_id] = len(prefix)
         if missing > 0:
             self._take(table, missing)
         return True
@@ -159,8 +170,14 @@ class BlockManager:
         table = self._tables.pop(request_id, None)
         if table is None:
             raise KeyError(f"request {request_id} holds no blocks (double free?)")
-        self._num_keyed.pop(request_id, None)
         ref, key, empty, evictable = self._ref, self._key, self._empty, self._evictable
+        if not self._num_keyed.pop(request_id, 0):
+            # Nothing of it was ever keyed (no cached prefix, no block registered), so no
+            # other request can hold its blocks: all of them are empty now.
+            for block in table:
+                ref[block] = 0
+            empty.extend(reversed(table))
+            return
         for block in reversed(table):  # deepest first: evicted before its prefix
             ref[block] -= 1
             if ref[block] == 0:

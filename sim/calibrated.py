@@ -180,13 +180,18 @@ class CalibratedCostModel:
             raise ValueError("jitter must be >= 2 positive, non-decreasing quantiles")
 
     @property
+    def reads_rows(self) -> bool:
+        """Jitter draws from the plan's first row; without it a plan's totals suffice."""
+        return bool(self.jitter)
+
+    @property
     def features(self) -> tuple[str, ...]:
         """The names of the coefficients, in order."""
         return feature_names(self.row_knots)
 
     def predict(self, plan: BatchPlan) -> float:
         """Seconds one engine step of `plan` takes; 0 for an empty plan."""
-        if plan.requests or plan.padding:
+        if plan.requests or plan.deferred_decodes or plan.padding:
             features = plan_features(plan, self.row_knots)
             return sum(c * f for c, f in zip(self.coefficients, features, strict=True))
         return 0.0

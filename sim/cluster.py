@@ -91,10 +91,14 @@ class ClusterResult:
 
 
 def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: ClusterConfig,
-                on_step: Callable[[float, list[Request]], None] | None = None) -> ClusterResult:
-    """Replay requests (sorted by arrival_s) through the cluster until all have finished."""
+                on_step: Callable[[float, list[Request]], None] | None = None,
+                defer_decodes: bool = True) -> ClusterResult:
+    """Replay requests (sorted by arrival_s) through the cluster until all have finished
+    (defer_decodes: as in sim.simulation.run_trace)."""
     if len(engines) != config.num_engines:
         raise ValueError(f"cluster of {config.num_engines} engines given {len(engines)}")
+    for engine in engines if defer_decodes else ():
+        engine.defer_decodes()
     env = simpy.Environment()
     cluster = _Cluster(env, list(engines), config, on_step)
     env.process(cluster.arrivals(requests))
@@ -124,6 +128,8 @@ class _Cluster:
         pools = range(len(engines))
         self.entry = list(pools[:config.num_prefill]) if config.disaggregated else list(pools)
         self.decode = list(pools[config.num_prefill:]) if config.disaggregated else []
+        self.schedulers = {id(pool): [engines[i].scheduler for i in pool]
+                           for pool in (self.entry, self.decode)}
         self.links = {i: simpy.Resource(env, capacity=1) for i in pools[:config.num_prefill]}
         self.origin: dict[int, Request] = {}  # id(prefill stand-in) -> the request it serves
         # A server's path from the socket to its scheduler (a calibration from a URL
@@ -151,18 +157,19 @@ class _Cluster:
         """The engine (an index into self.engines) router picks from pool for request."""
         if not router.needs_loads:
             return pool[router.choose(request.prompt_len, len(pool))]
-        schedulers = [self.engines[i].scheduler for i in pool]
+        schedulers = self.schedulers[id(pool)]
         # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
         # so the KV usage and the prefix match are read only by routers that use them.
+        if router.config.name == "least-requests":
+            return pool[router.least_queued([len(s.running) + len(s.waiting)
+                                             for s in schedulers])]
         if router.needs_prefix:
             loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage,
                                  len(s.block_manager.cached_prefix(request))
                                  * s.block_manager.block_size) for s in schedulers]
-        elif router.needs_kv:
+        else:
             loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage)
                      for s in schedulers]
-        else:
-            loads = [ReplicaLoad(len(s.running), len(s.waiting), 0.0) for s in schedulers]
         return pool[router.choose(request.prompt_len, loads)]
 
     def _add(self, index: int, request: Request) -> bool:

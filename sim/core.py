@@ -141,6 +141,9 @@ class BatchPlan:
     num_sampled: int = 0  # rows that end their sequence and sample a token (logits rows)
     decode_context: int = 0  # sum of KV lengths read by decodes (padding rows included)
     decode_context_max: int = 0  # longest decode KV length
+    # Decodes counted in the totals above but not listed in requests (sim.deferred: only
+    # for a backend that prices a plan from its totals).
+    deferred_decodes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -150,12 +153,13 @@ class BatchPlan:
     @property
     def batch_size(self) -> int:
         """Rows in the forward, padding rows included."""
-        return len(self.requests) + len(self.padding)
+        return len(self.requests) + self.deferred_decodes + len(self.padding)
 
     @property
     def is_empty(self) -> bool:
         """Nothing to compute and no KV to copy."""
-        return not self.requests and not self.padding and not self.swap_out
+        return (not self.requests and not self.deferred_decodes and not self.padding
+                and not self.swap_out)
 
 
 @dataclass(slots=True)
@@ -176,3 +180,7 @@ class Backend(Protocol):
     def free(self, request: Request) -> None:
         """Forget per-request state (e.g. a sampling generator) once a request leaves."""
         ...
+
+    # Optional: `reads_rows = False` says execute needs only a plan's totals and samples no
+    # tokens, so the scheduler may leave decode rows out of the plan's lists (sim.deferred).
+    # A backend without the attribute gets every row.

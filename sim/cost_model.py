@@ -105,6 +105,11 @@ class AnalyticCostModel:
         )
 
     @property
+    def reads_rows(self) -> bool:
+        """A step's time comes from the plan's totals alone (sim.deferred may apply)."""
+        return False
+
+    @property
     def num_gpus(self) -> int:
         """GPUs one instance of this deployment occupies."""
         return self.tensor_parallel

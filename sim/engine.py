@@ -45,9 +45,17 @@ class Engine:
         """The next step's plan, scheduled at `now`; None when there is nothing to run."""
         plan = self.scheduler.schedule(now)
         # plan.is_empty, inlined (once per step); a step that only swaps KV out still runs.
-        if not plan.requests and not plan.padding and not plan.swap_out:
+        if (not plan.requests and not plan.deferred_decodes and not plan.padding
+                and not plan.swap_out):
             return None
         return plan
+
+    def defer_decodes(self) -> bool:
+        """Let the scheduler keep decode rows out of the plans (sim.deferred) when the
+        backend prices a plan from its totals alone; returns whether it does."""
+        if getattr(self.backend, "reads_rows", True):
+            return False
+        return self.scheduler.defer_decodes()
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Run (or price) the plan on the backend."""
@@ -62,7 +70,7 @@ class Engine:
             self.backend.free(request)
         padding = len(plan.padding)  # (the plan's properties, inlined: once per step)
         self.steps.append(StepRecord(
-            start_s, result.duration_s, len(plan.requests) + padding,
+            start_s, result.duration_s, len(plan.requests) + plan.deferred_decodes + padding,
             plan.prefill_tokens + plan.decode_seqs, plan.prefill_tokens, plan.decode_seqs,
             padding, scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
             len(scheduler.running), len(plan.preempted),

@@ -13,6 +13,7 @@ class ConstantBackend:
 
     step_s: float = 0.01
     per_token_s: float = 0.0
+    reads_rows = False  # (not a field) a step's time needs only the plan's totals
 
     def __post_init__(self) -> None:
         if self.step_s < 0 or self.per_token_s < 0:

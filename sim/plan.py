@@ -6,7 +6,14 @@ scheduler's way.
 
 from __future__ import annotations
 
-from sim.core import BatchPlan, Request
+from collections.abc import Callable
+
+from sim.core import BatchPlan, Request, RequestStatus
+
+# Allocates a request's KV up to a token count, evicting running requests from the tail of
+# the running queue if it must; False when the request itself was evicted.
+MakeRoom = Callable[[Request, int, BatchPlan], bool]
+_RUNNING = RequestStatus.RUNNING  # (an Enum member looked up per row costs as much as a row)
 
 
 def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
@@ -77,3 +84,59 @@ def remove_from_plan(plan: BatchPlan, request: Request, n: int) -> None:
         plan.prefill_attn -= n * ctx
         plan.prefill_attn_causal -= n * ctx - n * (n - 1) // 2
         plan.prefill_seqs -= 1
+
+
+def add_running(plan: BatchPlan, running: list[Request], budget: int,
+                make_room: MakeRoom | None, block_size: int) -> int:
+    """Schedule the running requests, in running order, from `budget` tokens: decodes first,
+    then chunks of unfinished prefills (stall-free order); make_room finds KV as sequences
+    grow (None when it was reserved up front). Returns the budget left."""
+    partial: list[Request] = []
+    decodes: list[Request] = []
+    counts = plan.num_scheduled_tokens
+    context = 0
+    context_max = plan.decode_context_max
+    # make_room may evict from the tail: iterate over a copy.
+    for request in running.copy() if make_room else running:
+        if request.status is not _RUNNING:
+            continue  # evicted earlier in this loop
+        num_tokens = request.prompt_len + len(request.token_times_s)
+        if num_tokens - request.num_computed_tokens != 1:
+            partial.append(request)
+            continue
+        if budget < 1:
+            break
+        # A decode holds KV for num_tokens - 1 tokens, so it can need a new block only when
+        # those fill their last block. Victims come from the tail, which this loop has not
+        # reached yet: `decodes` never holds an evicted request.
+        if (make_room and (num_tokens - 1) % block_size == 0
+                and not make_room(request, num_tokens, plan)):
+            continue
+        decodes.append(request)
+        counts[request.request_id] = 1
+        context += num_tokens
+        if num_tokens > context_max:
+            context_max = num_tokens
+        budget -= 1
+    if decodes:  # add_decodes' totals, accumulated in the loop above
+        plan.requests.extend(decodes)
+        plan.decode_seqs += len(decodes)
+        plan.num_sampled += len(decodes)
+        plan.decode_context += context
+        plan.decode_context_max = context_max
+    return add_chunks(plan, partial, budget, make_room)
+
+
+def add_chunks(plan: BatchPlan, partial: list[Request], budget: int,
+               make_room: MakeRoom | None) -> int:
+    """Running requests with prompt (or recompute) tokens left, in order: a chunk each from
+    the budget while it lasts. Returns the budget left."""
+    for request in partial:
+        if budget < 1 or request.status is not _RUNNING:
+            continue
+        n = min(request.num_tokens - request.num_computed_tokens, budget)
+        if make_room and not make_room(request, request.num_computed_tokens + n, plan):
+            continue
+        add_to_plan(plan, request, n)
+        budget -= n
+    return budget

@@ -79,23 +79,35 @@ class Router:
     def choose(self, prompt_len: int, loads: Sequence[ReplicaLoad] | int) -> int:
         """The replica for a request of prompt_len tokens; `loads` is one snapshot per
         replica, or just the replica count for round-robin."""
-        num = loads if isinstance(loads, int) else len(loads)
-        if num < 1:
-            raise ValueError("router: no replicas to choose from")
-        start = self._turn % num
-        self._turn = start + 1
         name = self.config.name
+        if name == "least-requests" and not isinstance(loads, int):
+            return self.least_queued([load[0] + load[1] for load in loads])  # running + waiting
+        start = self._next_turn(loads if isinstance(loads, int) else len(loads))
         if name == "round-robin":
             return start
         assert not isinstance(loads, int), f"router {name} needs a load snapshot"
-        order = [*range(start, num), *range(start)]
-        if name == "least-requests":
-            queued = [load[0] + load[1] for load in loads]  # running + waiting
-            return min(order, key=queued.__getitem__)
+        order = [*range(start, len(loads)), *range(start)]
         if name == "least-kv":
             return min(order, key=lambda i: (loads[i].kv_usage, loads[i].num_requests))
         scores = self.scores(prompt_len, loads)
         return max(order, key=scores.__getitem__)
+
+    def least_queued(self, queued: Sequence[int]) -> int:
+        """least-requests from each replica's running + waiting count alone (a cluster
+        passes these instead of whole snapshots): the fewest, ties in turn."""
+        start = self._next_turn(len(queued))
+        fewest = min(queued)
+        try:  # the first fewest at or after `start`, else the first before it
+            return queued.index(fewest, start)
+        except ValueError:
+            return queued.index(fewest)
+
+    def _next_turn(self, num: int) -> int:
+        if num < 1:
+            raise ValueError("router: no replicas to choose from")
+        start = self._turn % num
+        self._turn = start + 1
+        return start
 
     def scores(self, prompt_len: int, loads: Sequence[ReplicaLoad]) -> list[float]:
         """The prefix-aware router's score of each replica (higher is better)."""

@@ -12,15 +12,16 @@ import bisect
 
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
-from sim.plan import add_decodes, add_to_plan, remove_from_plan
+from sim.deferred import DeferredDecodes
+from sim.plan import add_chunks, add_running, add_to_plan, remove_from_plan
 from sim.queues import make_queue
 from sim.scheduler_config import POLICIES, SchedulerConfig
-from sim.static_padding import Padding
+from sim.static_padding import Padding, schedule_static
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
 
 # An Enum member looked up on its class costs ~0.1 us, as much as the rest of a row's work
-# in the per-row loops below, which therefore compare against this module constant.
+# in a per-row loop, which therefore compares against this module constant.
 _RUNNING = RequestStatus.RUNNING
 
 
@@ -53,6 +54,23 @@ class Scheduler:
         self._static = config.policy == "static"
         self._reserve = config.reserves_full
         self._padding = Padding()  # static batching's finished rows
+        self._deferred: DeferredDecodes | None = None  # see defer_decodes
+
+    def defer_decodes(self) -> bool:
+        """Keep decode rows out of the plans' row lists (sim.deferred): for a backend that
+        prices a plan from its totals and samples no tokens. Returns whether it is on: not
+        for static batching, swap or fair queues, whose per-row work it does not model."""
+        if self._live:
+            raise RuntimeError("defer_decodes must be set before the first request")
+        if not (self._static or self._swap or self._fair):
+            self._deferred = DeferredDecodes(self.block_manager.block_size, not self._reserve,
+                                             self._caching, self._priority)
+        return self.deferring
+
+    @property
+    def deferring(self) -> bool:
+        """Whether decode rows are kept out of the plans (defer_decodes)."""
+        return self._deferred is not None
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -104,59 +122,21 @@ class Scheduler:
         if self._swap:
             self.block_manager.settle_swaps()
         if self._static:
-            self._schedule_static(plan, now)
+            schedule_static(self, plan, now)
             return plan
-        budget = self._schedule_running(plan, self._budget)
-        if not plan.preempted:
+        deferred = self._deferred
+        make_room = None if self._reserve else self._make_room
+        if deferred:
+            budget = self._budget - deferred.schedule(plan, self.block_manager.try_allocate,
+                                                      self._make_room)
+            if deferred.others:
+                budget = add_chunks(plan, deferred.running_others(), budget, make_room)
+        else:
+            budget = add_running(plan, self.running, self._budget, make_room,
+                                 self.block_manager.block_size)
+        if self.waiting and not plan.preempted:
             self._admit(plan, budget, now)
         return plan
-
-    def _schedule_running(self, plan: BatchPlan, budget: int) -> int:
-        """Running requests: decodes first, then unfinished prefills (stall-free order)."""
-        partial: list[Request] = []
-        decodes: list[Request] = []
-        counts = plan.num_scheduled_tokens
-        context = 0
-        context_max = plan.decode_context_max
-        on_demand = not self._reserve
-        block_size = self.block_manager.block_size
-        # On demand, _make_room may evict from the tail: iterate over a copy.
-        for request in self.running.copy() if on_demand else self.running:
-            if request.status is not _RUNNING:
-                continue  # evicted earlier in this loop
-            num_tokens = request.prompt_len + len(request.token_times_s)
-            if num_tokens - request.num_computed_tokens != 1:
-                partial.append(request)
-                continue
-            if budget < 1:
-                break
-            # A decode holds KV for num_tokens - 1 tokens, so it can need a new block only
-            # when those fill their last block. Victims come from the tail, which this loop
-            # has not reached yet: `decodes` never holds an evicted request.
-            if (on_demand and (num_tokens - 1) % block_size == 0
-                    and not self._make_room(request, num_tokens, plan)):
-                continue
-            decodes.append(request)
-            counts[request.request_id] = 1
-            context += num_tokens
-            if num_tokens > context_max:
-                context_max = num_tokens
-            budget -= 1
-        if decodes:  # add_decodes' totals, accumulated in the loop above
-            plan.requests.extend(decodes)
-            plan.decode_seqs += len(decodes)
-            plan.num_sampled += len(decodes)
-            plan.decode_context += context
-            plan.decode_context_max = context_max
-        for request in partial:
-            if budget < 1 or request.status is not _RUNNING:
-                continue
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if on_demand and not self._make_room(request, request.num_computed_tokens + n, plan):
-                continue
-            add_to_plan(plan, request, n)
-            budget -= n
-        return budget
 
     def _make_room(self, request: Request, num_tokens: int, plan: BatchPlan) -> bool:
         """Allocate KV up to num_tokens, evicting the newest running requests if needed.
@@ -176,6 +156,8 @@ class Scheduler:
         """Evict the tail: its KV goes to host memory (swap, while the host pool has room)
         or is dropped (recompute); either way it goes back to the front of the queue."""
         self.running.pop()
+        if self._deferred:  # a deferred row catches up (and leaves this step's totals)
+            self._deferred.leave(victim, plan)
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
@@ -246,6 +228,8 @@ class Scheduler:
             bisect.insort_right(self.running, request, key=lambda r: r.priority)
         else:
             self.running.append(request)
+        if self._deferred:
+            self._deferred.started(request)
         plan.admitted.append(request.request_id)
 
     def _preempt_for(self, request: Request, plan: BatchPlan, now: float) -> bool:
@@ -263,27 +247,6 @@ class Scheduler:
         self._preempt(victim, plan)
         return True
 
-    def _schedule_static(self, plan: BatchPlan, now: float) -> None:
-        """Batch at a time: a new batch only once every row of the last one finished."""
-        if not self.running and not self._padding.rows:
-            bm = self.block_manager
-            while self.waiting and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting.head(now)
-                prefix = bm.cached_prefix(request) if self._caching else ()
-                need = request.prompt_len + request.max_new_tokens
-                if not bm.try_allocate(request.request_id, need, prefix):
-                    break
-                self.waiting.take(request)
-                hit = len(prefix) * bm.block_size
-                self._start(request, plan, now, max(hit, request.num_external_tokens), hit)
-        if plan.admitted:  # the batch's prefill step
-            for request in self.running:
-                add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
-        else:
-            add_decodes(plan, self.running)
-        if self._padding.rows:
-            self._padding.add_to(plan)
-
     # ---- after the step ------------------------------------------------------------------
 
     def update(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
@@ -293,6 +256,12 @@ class Scheduler:
         static = self._static
         block_size = self.block_manager.block_size
         cache_blocks = self.block_manager.cache_blocks if self._caching else None
+        deferred = self._deferred
+        if deferred:  # its rows come first, as decodes do in a plan
+            if sampled is not None:
+                raise RuntimeError("deferred decodes need a backend that samples no tokens")
+            deferred.update(now, self.block_manager.cache_blocks, lambda r: finished.append(r)
+                            or self._finish(r, FinishReason.LENGTH, now))
         if self._fair:  # service counted before the step's tokens are applied
             for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
                 self.waiting.charge(request, n)
@@ -304,7 +273,10 @@ class Scheduler:
                 cache_blocks(request, computed)  # blocks filled this step join the cache
             times = request.token_times_s
             if computed != request.prompt_len + len(times):
-                continue  # a prefill chunk that did not reach the end of the sequence
+                # a prefill chunk that did not reach the end of the sequence
+                if deferred and computed + 1 == request.prompt_len + len(times):
+                    deferred.defer(request)  # its last prompt token: computed as a decode
+                continue
             times.append(now)
             reason = None
             if sampled is not None:
@@ -317,6 +289,8 @@ class Scheduler:
                     reason = FinishReason.STOP
             if reason is None:
                 if len(times) < request.max_new_tokens:
+                    if deferred:
+                        deferred.defer(request)
                     continue
                 reason = FinishReason.LENGTH
             finished.append(request)
@@ -326,6 +300,8 @@ class Scheduler:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
+        if deferred:
+            deferred.advance()
         if self._static:  # rows are returned together, when the batch ends
             if not self.running and self._padding.rows:
                 return self._padding.release(now, self.block_manager)
@@ -344,6 +320,8 @@ class Scheduler:
         request.finish_reason = reason
         request.finish_s = now
         self._live.pop(request.request_id, None)
+        if self._deferred:
+            self._deferred.leave(request)
         if self.block_manager.holds(request.request_id):
             self.block_manager.free(request.request_id)
 

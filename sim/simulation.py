@@ -35,11 +35,16 @@ def run_trace(
     requests: Sequence[Request],
     engine: Engine,
     on_step: Callable[[float, list[Request]], None] | None = None,
+    defer_decodes: bool = True,
 ) -> RunResult:
     """Replay requests (sorted by arrival_s) through the engine until all have finished.
 
     on_step, if given, is called after every step with the time and the finished requests.
+    defer_decodes: with a cost model, keep decode rows out of the plans (sim.deferred): the
+    same decisions, made faster; False lists every row (to compare).
     """
+    if defer_decodes:
+        engine.defer_decodes()
     env = simpy.Environment()
     replay = _Replay(env, requests, engine, on_step)
     env.process(replay.arrivals())

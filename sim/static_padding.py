@@ -1,11 +1,40 @@
-"""Static batching's finished rows: they stay in the batch as padding until it ends."""
+"""Static batching: a whole batch admitted at once, its finished rows kept as padding."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, Request
+from sim.plan import add_decodes, add_to_plan
+
+if TYPE_CHECKING:
+    from sim.scheduler import Scheduler
+
+
+def schedule_static(scheduler: Scheduler, plan: BatchPlan, now: float) -> None:
+    """Batch at a time: a new batch only once every row of the last one finished (the
+    Scheduler's static policy; it reserves prompt + max_new_tokens per request)."""
+    running, waiting, padding = scheduler.running, scheduler.waiting, scheduler._padding
+    if not running and not padding.rows:
+        bm = scheduler.block_manager
+        while waiting and len(running) < scheduler.config.max_num_seqs:
+            request = waiting.head(now)
+            prefix = bm.cached_prefix(request) if bm.enable_caching else ()
+            need = request.prompt_len + request.max_new_tokens
+            if not bm.try_allocate(request.request_id, need, prefix):
+                break
+            waiting.take(request)
+            hit = len(prefix) * bm.block_size
+            scheduler._start(request, plan, now, max(hit, request.num_external_tokens), hit)
+    if plan.admitted:  # the batch's prefill step
+        for request in running:
+            add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
+    else:
+        add_decodes(plan, running)
+    if padding.rows:
+        padding.add_to(plan)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,180 @@
+"""Deferred decode rows: the scheduler's bookkeeping for decodes when no backend reads rows.
+
+A running request whose KV covers all but its last token (a decode) does the same thing
+every step until it leaves: one token computed, one token time, one more KV slot. A cost
+model prices a step from the plan's totals alone, so when the backend is one, the scheduler
+keeps such rows out of the plan's row lists and out of its per-row loops:
+  - the plan's decode totals come from running sums (a row's length grows by one per step,
+    so the sum of lengths is sum(k) + rows x step and the longest is max(k) + step);
+  - a row's token times are the step end times of the steps it ran, copied from the
+    engine's step clock when it leaves (finishes or is preempted);
+  - the only per-row work is at the steps where something happens to a row, known when it
+    starts decoding: it needs a new KV block, it fills one (prefix caching registers it),
+    or it reaches max_new_tokens. Those events run in the running queue's order, as the
+    per-row loops visit them, so every allocation, eviction and cache registration happens
+    in the same order and with the same outcome as with every row listed.
+A backend that samples tokens (the executor) or reads the plan's rows gets every row listed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+from sim.block_hashes import num_shareable_blocks
+from sim.core import BatchPlan, Request
+from sim.plan import MakeRoom
+
+_CACHE, _FINISH = 0, 1  # update events of one row at one step: its block first, then the end
+
+
+class _Row:
+    """One deferred decode: its length at step s is k + s; it joined at step `start`."""
+
+    __slots__ = ("request", "start", "k", "key", "alive", "shareable")
+
+    def __init__(self, request: Request, start: int, k: int, key: object,
+                 shareable: int) -> None:
+        self.request, self.start, self.k, self.key, self.alive = request, start, k, key, True
+        self.shareable = shareable  # blocks prefix caching may register (block_hashes)
+
+
+class DeferredDecodes:
+    """The deferred decode rows of one scheduler, and its other running rows in order."""
+
+    def __init__(self, block_size: int, on_demand: bool, caching: bool, by_priority: bool):
+        self.block_size = block_size
+        self.on_demand = on_demand  # KV allocated as sequences grow (not reserved up front)
+        self.caching = caching
+        self.by_priority = by_priority  # running is sorted by priority, then admission
+        self.step = 0  # steps applied so far; the next step to run has this index
+        self.ends: list[float] = []  # the end time of every step applied
+        self.rows: dict[str, _Row] = {}
+        self.others: dict[str, Request] = {}  # running, not deferred (chunks left), by admission
+        self.keys: dict[str, object] = {}  # every running request's place in the running queue
+        self._order = itertools.count()
+        self.k_sum = 0
+        self._k_max: list[tuple[int, object, _Row]] = []  # (-k, key, row), stale entries skipped
+        self._alloc: list[tuple[int, object, _Row]] = []  # (step, key, row): needs a block
+        self._events: list[tuple[int, object, int, _Row]] = []  # (step, key, kind, row)
+        self.counted = False  # whether the plan being built holds the rows in its totals
+
+    # ---- rows in and out -----------------------------------------------------------------
+
+    def started(self, request: Request) -> None:
+        """request was admitted (appended to running, or inserted by priority)."""
+        order = next(self._order)
+        self.keys[request.request_id] = (request.priority, order) if self.by_priority else order
+        self.others[request.request_id] = request
+
+    def defer(self, request: Request) -> None:
+        """request, applied up to this step, decodes from the next one on."""
+        rid = request.request_id
+        del self.others[rid]
+        start = self.step + 1
+        k = request.prompt_len + len(request.token_times_s) - start
+        key = self.keys[rid]
+        row = _Row(request, start, k, key, num_shareable_blocks(request, self.block_size))
+        self.rows[rid] = row
+        self.k_sum += k
+        heapq.heappush(self._k_max, (-k, key, row))
+        bs = self.block_size
+        if self.on_demand:  # it needs a block when its KV (length - 1 tokens) fills the last
+            heapq.heappush(self._alloc, (start + (1 - k - start) % bs, key, row))
+        if self.caching:  # its computed tokens (length after the step) fill a block
+            heapq.heappush(self._events, (start + (-k - start) % bs, key, _CACHE, row))
+        remaining = request.max_new_tokens - len(request.token_times_s)
+        heapq.heappush(self._events, (start + remaining - 1, key, _FINISH, row))
+
+    def leave(self, request: Request, plan: BatchPlan | None = None) -> None:
+        """request stops running now (preempted, aborted): its state catches up to the
+        steps applied, and the plan being built (if it counted the row) lets it go."""
+        rid = request.request_id
+        self.keys.pop(rid, None)
+        if self.others.pop(rid, None) is not None:
+            return
+        row = self.rows.get(rid)
+        if row is None:
+            return
+        self._drop(row, self.step)
+        if plan is not None and self.counted:  # it was counted in this step's totals
+            length = row.k + self.step
+            plan.decode_seqs -= 1
+            plan.num_sampled -= 1
+            plan.decode_context -= length
+            plan.deferred_decodes -= 1
+
+    def _drop(self, row: _Row, upto: int) -> None:
+        """Catch row up with steps [start, upto) and stop deferring it."""
+        request = row.request
+        row.alive = False
+        del self.rows[request.request_id]
+        self.k_sum -= row.k
+        request.token_times_s.extend(self.ends[row.start:upto])
+        request.num_computed_tokens = row.k + upto - 1
+        if len(self._k_max) > 2 * len(self.rows) + 64:  # forget the stale entries
+            self._k_max = [e for e in self._k_max if e[2].alive]
+            heapq.heapify(self._k_max)
+
+    def running_others(self) -> list[Request]:
+        """The running requests that are not deferred, in running order."""
+        others = list(self.others.values())
+        if self.by_priority:
+            others.sort(key=lambda r: self.keys[r.request_id])
+        return others
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self, plan: BatchPlan, try_allocate: Callable[[str, int], bool],
+                 make_room: MakeRoom) -> int:
+        """Allocate the blocks rows need this step (in running order; make_room evicts when
+        try_allocate finds the pool short), then count every row in the plan's decode
+        totals; returns the number of rows (one token each)."""
+        step, alloc, bs = self.step, self._alloc, self.block_size
+        while alloc and alloc[0][0] == step:
+            _, key, row = heapq.heappop(alloc)
+            if not row.alive:
+                continue
+            request = row.request
+            length = row.k + step
+            if try_allocate(request.request_id, length) or make_room(request, length, plan):
+                heapq.heappush(alloc, (step + bs, key, row))
+        n = len(self.rows)
+        self.counted = True
+        if n:
+            k_max = self._k_max
+            while not k_max[0][2].alive:
+                heapq.heappop(k_max)
+            plan.decode_seqs += n
+            plan.num_sampled += n
+            plan.decode_context += self.k_sum + n * step
+            plan.decode_context_max = max(plan.decode_context_max, step - k_max[0][0])
+            plan.deferred_decodes = n
+        return n
+
+    def update(self, now: float, cache_blocks: Callable[[Request, int], None],
+               finish: Callable[[Request], None]) -> None:
+        """Apply the step that ended at `now` to the rows: block registrations and
+        finishes, in running order (finish gets each row that reached max_new_tokens)."""
+        step, events, bs = self.step, self._events, self.block_size
+        self.ends.append(now)
+        while events and events[0][0] == step:
+            _, key, kind, row = heapq.heappop(events)
+            if not row.alive:
+                continue
+            if kind == _CACHE:
+                computed = row.k + step
+                cache_blocks(row.request, computed)
+                # Past the shareable blocks only a preempted row's own recompute could use
+                # more, and cache_blocks registers none of those: no event until it leaves.
+                if computed // bs < row.shareable:
+                    heapq.heappush(events, (step + bs, key, _CACHE, row))
+            else:
+                self._drop(row, step + 1)
+                finish(row.request)
+
+    def advance(self) -> None:
+        """The step is applied: the next one may be scheduled."""
+        self.step += 1
+        self.counted = False
