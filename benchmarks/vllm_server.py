@@ -209,7 +209,7 @@ def _wait_healthy(server: VllmServer, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"vLLM exited with code {server.process.returncode}:\n"
-                               f"{_log_tail(server.log_path)}")
+                               f"{log_tail(server.log_path)}")
         try:
             with urllib.request.urlopen(f"{server.url}/health", timeout=5) as response:
                 if response.status == 200:
@@ -217,10 +217,11 @@ def _wait_healthy(server: VllmServer, timeout_s: float) -> None:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(1.0)
-    raise TimeoutError(f"vLLM not healthy after {timeout_s:.0f} s:\n{_log_tail(server.log_path)}")
+    raise TimeoutError(f"vLLM not healthy after {timeout_s:.0f} s:\n{log_tail(server.log_path)}")
 
 
-def _log_tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file."""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
