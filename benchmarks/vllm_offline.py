@@ -26,8 +26,6 @@ from typing import TextIO
 
 from vllm_server import ROOT, VllmConfig, ensure_checkpoint, ensure_venv, log_tail, server_env
 
-SPIN_SETTLE_S = 1.5  # idle time after each generate, see OfflinePeer.generate
-
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -107,13 +105,21 @@ class OfflinePeer:
     def generate(self) -> tuple[dict[str, list[int]], float]:
         """Outputs by request id and the wall seconds of one LLM.generate, timed in the child."""
         assert self.process.stdin is not None
+        self.resume()
         self.process.stdin.write("run\n")
         self.process.stdin.flush()
         answer = self.read_answer()
-        # vLLM's shared-memory readers busy-poll for about 1 s after their last message
-        # (SpinCondition.busy_loop_s) and would take a core from whatever is timed next.
-        time.sleep(SPIN_SETTLE_S)
+        self.pause()
         return answer["tokens"], answer["wall_s"]
+
+    def pause(self) -> None:
+        """Stop vLLM's processes between its runs: its shared-memory readers busy-poll after
+        their last message (SpinCondition.busy_loop_s) and its engine core keeps polling,
+        which would take a core from whatever is timed next."""
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
 
     def read_answer(self) -> dict:
         """The child's next JSON line; raises if it exits or says nothing within timeout_s."""
@@ -131,6 +137,7 @@ class OfflinePeer:
         """EOF on stdin ends the child's loop; kill its process group if it lingers."""
         if self.process.poll() is None:
             assert self.process.stdin is not None
+            self.resume()
             self.process.stdin.close()
             try:
                 self.process.wait(timeout_s)
@@ -175,6 +182,7 @@ def start_offline_peer(venv: Path, model_dir: Path, prompts: list[list[int]], ou
     peer = OfflinePeer(process, log_path, timeout_s)
     try:
         peer.info = peer.read_answer()
+        peer.pause()
     except BaseException:
         peer.close(timeout_s=5.0)
         raise
