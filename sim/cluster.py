@@ -18,7 +18,7 @@ import simpy
 from sim.core import Request
 from sim.engine import Engine, StepRecord
 from sim.router import ReplicaLoad, Router, RouterConfig
-from sim.simulation import RunResult, StalledError
+from sim.simulation import RunResult, StalledError, trace_frozen
 
 # A 400 Gb/s NIC (ConnectX-7 / InfiniBand NDR), the default KV link of a prefill engine.
 DEFAULT_KV_LINK_GBPS = 400.0
@@ -104,7 +104,8 @@ def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: 
     env.process(cluster.arrivals(requests))
     for index in range(len(engines)):
         env.process(cluster.stepping(index))
-    env.run()
+    with trace_frozen():
+        env.run()
     stuck = sum(not r.is_finished for r in requests)
     if stuck:
         raise StalledError(f"t={env.now:.3f}s: {stuck} requests never finished")

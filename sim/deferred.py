@@ -72,7 +72,7 @@ class DeferredDecodes:
         """request, applied up to this step, decodes from the next one on."""
         rid = request.request_id
         del self.others[rid]
-        start = self.step + 1
+        start = self.step  # (update has moved the step on already)
         k = request.prompt_len + len(request.token_times_s) - start
         key = self.keys[rid]
         row = _Row(request, start, k, key, num_shareable_blocks(request, self.block_size))
@@ -133,13 +133,14 @@ class DeferredDecodes:
         totals; returns the number of rows (one token each)."""
         step, alloc, bs = self.step, self._alloc, self.block_size
         while alloc and alloc[0][0] == step:
-            _, key, row = heapq.heappop(alloc)
-            if not row.alive:
-                continue
-            request = row.request
-            length = row.k + step
-            if try_allocate(request.request_id, length) or make_room(request, length, plan):
-                heapq.heappush(alloc, (step + bs, key, row))
+            _, key, row = alloc[0]
+            if row.alive:
+                request = row.request
+                length = row.k + step
+                if try_allocate(request.request_id, length) or make_room(request, length, plan):
+                    heapq.heapreplace(alloc, (step + bs, key, row))  # its next block
+                    continue
+            heapq.heappop(alloc)
         n = len(self.rows)
         self.counted = True
         if n:
@@ -153,11 +154,13 @@ class DeferredDecodes:
             plan.deferred_decodes = n
         return n
 
-    def update(self, now: float, cache_blocks: Callable[[Request, int], None],
-               finish: Callable[[Request], None]) -> None:
-        """Apply the step that ended at `now` to the rows: block registrations and
-        finishes, in running order (finish gets each row that reached max_new_tokens)."""
+    def update(self, now: float, cache_blocks: Callable[[Request, int], None]) -> list[Request]:
+        """Apply the step that ended at `now` to the rows: block registrations in running
+        order, and returns the rows that reached max_new_tokens (caught up, no longer
+        deferred; finishing them after the registrations changes nothing: freeing a block
+        neither adds nor drops a cache key). Rows deferred from here on start at the next."""
         step, events, bs = self.step, self._events, self.block_size
+        finished = []
         self.ends.append(now)
         while events and events[0][0] == step:
             _, key, kind, row = heapq.heappop(events)
@@ -172,9 +175,7 @@ class DeferredDecodes:
                     heapq.heappush(events, (step + bs, key, _CACHE, row))
             else:
                 self._drop(row, step + 1)
-                finish(row.request)
-
-    def advance(self) -> None:
-        """The step is applied: the next one may be scheduled."""
-        self.step += 1
+                finished.append(row.request)
+        self.step = step + 1
         self.counted = False
+        return finished

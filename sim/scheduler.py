@@ -260,8 +260,9 @@ class Scheduler:
         if deferred:  # its rows come first, as decodes do in a plan
             if sampled is not None:
                 raise RuntimeError("deferred decodes need a backend that samples no tokens")
-            deferred.update(now, self.block_manager.cache_blocks, lambda r: finished.append(r)
-                            or self._finish(r, FinishReason.LENGTH, now))
+            finished = deferred.update(now, self.block_manager.cache_blocks)
+            for request in finished:
+                self._finish(request, FinishReason.LENGTH, now)
         if self._fair:  # service counted before the step's tokens are applied
             for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
                 self.waiting.charge(request, n)
@@ -300,8 +301,6 @@ class Scheduler:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
-        if deferred:
-            deferred.advance()
         if self._static:  # rows are returned together, when the batch ends
             if not self.running and self._padding.rows:
                 return self._padding.release(now, self.block_manager)
