@@ -34,6 +34,20 @@ class RowReading:
         self.inner.free(request)
 
 
+class Totals(ConstantBackend):
+    """A constant-time backend that also keeps every plan's totals, as cost models read them."""
+
+    def __init__(self) -> None:
+        super().__init__(step_s=0.01, per_token_s=2e-5)
+        object.__setattr__(self, "seen", [])
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        self.seen.append((plan.batch_size, plan.num_sampled, plan.decode_seqs,
+                          plan.decode_context, plan.decode_context_max, plan.prefill_tokens,
+                          plan.prefill_attn, plan.prefill_seqs))
+        return super().execute(plan)
+
+
 def workload(n: int, rate: float, seed: int, prefixes: int = 0) -> list[Request]:
     """Prompts of 20-1500 tokens, outputs of 1-120, priorities 0-2, optional shared stems."""
     rng = np.random.default_rng(seed)
@@ -89,11 +103,12 @@ CASES = {
 @pytest.mark.parametrize("seed", [0, 1])
 def test_one_engine_decides_the_same_with_rows_deferred(name, seed):
     config = SchedulerConfig(**{"num_blocks": 2000, **CASES[name]})
-    backend = ConstantBackend(step_s=0.01, per_token_s=2e-5)
     caching = config.enable_prefix_caching
-    deferred = replay(backend, config, workload(150, 40, seed, 3 * caching), None, True)
-    listed = replay(backend, config, workload(150, 40, seed, 3 * caching), None, False)
+    seen_deferred, seen_listed = Totals(), Totals()
+    deferred = replay(seen_deferred, config, workload(150, 40, seed, 3 * caching), None, True)
+    listed = replay(seen_listed, config, workload(150, 40, seed, 3 * caching), None, False)
     assert deferred == listed
+    assert seen_deferred.seen == seen_listed.seen  # every plan total a cost model reads
     preempted = sum(s.num_preempted for s in deferred[1][0])
     assert preempted > 0 or "small pool" not in name or config.reserves_full
 
