@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from vllm_server import ROOT, VllmConfig, ensure_checkpoint, ensure_venv, log_tail, server_env
+from vllm_server import (
+    ROOT,
+    VllmConfig,
+    ensure_checkpoint,
+    ensure_venv,
+    log_tail,
+    server_env,
+    wait_or_kill,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -139,11 +147,7 @@ class OfflinePeer:
             assert self.process.stdin is not None
             self.resume()
             self.process.stdin.close()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            wait_or_kill(self.process, timeout_s)
 
     def __enter__(self) -> OfflinePeer:
         return self

@@ -161,17 +161,22 @@ class VllmServer:
         if self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGINT)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        wait_or_kill(self.process, timeout_s)
 
     def __enter__(self) -> VllmServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_or_kill(process: subprocess.Popen, timeout_s: float) -> None:
+    """Wait for a process asked to end; SIGKILL its process group if it lingers."""
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def start_vllm(config: VllmConfig) -> VllmServer:

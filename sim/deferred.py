@@ -32,11 +32,10 @@ _CACHE, _FINISH = 0, 1  # update events of one row at one step: its block first,
 class _Row:
     """One deferred decode: its length at step s is k + s; it joined at step `start`."""
 
-    __slots__ = ("request", "start", "k", "key", "alive", "shareable")
+    __slots__ = ("request", "start", "k", "alive", "shareable")
 
-    def __init__(self, request: Request, start: int, k: int, key: object,
-                 shareable: int) -> None:
-        self.request, self.start, self.k, self.key, self.alive = request, start, k, key, True
+    def __init__(self, request: Request, start: int, k: int, shareable: int) -> None:
+        self.request, self.start, self.k, self.alive = request, start, k, True
         self.shareable = shareable  # blocks prefix caching may register (block_hashes)
 
 
@@ -75,7 +74,7 @@ class DeferredDecodes:
         start = self.step  # (update has moved the step on already)
         k = request.prompt_len + len(request.token_times_s) - start
         key = self.keys[rid]
-        row = _Row(request, start, k, key, num_shareable_blocks(request, self.block_size))
+        row = _Row(request, start, k, num_shareable_blocks(request, self.block_size))
         self.rows[rid] = row
         self.k_sum += k
         heapq.heappush(self._k_max, (-k, key, row))
