@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.coast import QuietRun
 from sim.core import Request
 from sim.engine import Engine, StepRecord
 from sim.router import ReplicaLoad, Router, RouterConfig
@@ -102,8 +103,7 @@ def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: 
     env = simpy.Environment()
     cluster = _Cluster(env, list(engines), config, on_step)
     env.process(cluster.arrivals(requests))
-    for index in range(len(engines)):
-        env.process(cluster.stepping(index))
+    cluster.processes = [env.process(cluster.stepping(i)) for i in range(len(engines))]
     with trace_frozen():
         env.run()
     stuck = sum(not r.is_finished for r in requests)
@@ -124,6 +124,13 @@ class _Cluster:
         # Decode engines get their own router: its turn counter must not follow arrivals.
         self.decode_router = Router(config.router)
         self.wake: list[simpy.Event | None] = [None] * len(engines)
+        # Quiet runs (sim.coast) of co-located engines that defer decode rows: requests reach
+        # them only from the arrival process, whose events come first at equal times, so a
+        # run cut by an arrival ends where stepping one event at a time would have. (A decode
+        # engine's requests come from other engines' steps, ordered by SimPy's event ids.)
+        self.coasts = [e.scheduler.deferring and not config.disaggregated for e in engines]
+        self.runs: list[QuietRun | None] = [None] * len(engines)  # the run each sleeps through
+        self.processes: list[simpy.Process] = []
         self.served: list[list[Request]] = [[] for _ in engines]
         self.transfers: list[float] = []
         pools = range(len(engines))
@@ -142,7 +149,7 @@ class _Cluster:
         for request in requests:
             delay = request.arrival_s + self.delay_s - env.now
             if delay > 0:
-                yield env.timeout(delay)
+                yield _Arrival(env, delay)
             index = self._route(self.router, self.entry, request)
             self.served[index].append(request)
             if not self.config.disaggregated:
@@ -159,6 +166,10 @@ class _Cluster:
         if not router.needs_loads:
             return pool[router.choose(request.prompt_len, len(pool))]
         schedulers = self.schedulers[id(pool)]
+        if router.needs_kv:  # quiet runs show their blocks as of now
+            for run in self.runs:
+                if run is not None:
+                    run.apply(self.env.now)
         # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
         # so the KV usage and the prefix match are read only by routers that use them.
         if router.config.name == "least-requests":
@@ -175,8 +186,15 @@ class _Cluster:
 
     def _add(self, index: int, request: Request) -> bool:
         """Queue request on engine index and wake it; False if the engine rejected it."""
+        run = self.runs[index]
+        if run is not None:  # its steps up to now are recorded with the queue they had
+            run.apply(self.env.now)
         if not self.engines[index].add(request):
             return False
+        if run is not None:  # the next step admits it: the run ends with the one in progress
+            run.cut(self.env.now)
+            self.runs[index] = None
+            self.processes[index].interrupt()
         event = self.wake[index]
         if event is not None:
             self.wake[index] = None
@@ -186,21 +204,35 @@ class _Cluster:
     def stepping(self, index: int):
         env, engine = self.env, self.engines[index]
         prefill = self.config.disaggregated and index < self.config.num_prefill
+        now = env.now  # the engine's clock (SimPy's may be a rounding off after a quiet run)
         while True:
-            start_s = env.now
-            plan = engine.schedule(start_s)
+            run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
+            if run is not None:
+                self.runs[index] = run
+                try:
+                    yield env.timeout(run.end_s - env.now)
+                except simpy.Interrupt:  # cut by an arrival: wait out the step in progress
+                    yield env.timeout(run.end_s - env.now)
+                self.runs[index] = None
+                run.finish()
+                now = run.end_s
+                continue
+            plan = engine.schedule(now)
             if plan is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]
+                now = env.now
                 continue
             result = engine.execute(plan)
-            yield env.timeout(result.duration_s)
-            finished = engine.finish_step(plan, result, start_s)
+            end_s = now + result.duration_s
+            yield env.timeout(result.duration_s if env.now == now else end_s - env.now)
+            finished = engine.finish_step(plan, result, now)
+            now = end_s
             if prefill:
                 for stand_in in finished:
                     env.process(self._hand_off(index, stand_in))
             if self.on_step is not None:
-                self.on_step(env.now, finished)
+                self.on_step(now, finished)
 
     def _hand_off(self, index: int, stand_in: Request):
         """Move a prefilled prompt's KV to a decode engine, then queue the request there."""
@@ -221,6 +253,16 @@ class _Cluster:
         target = self._route(self.decode_router, self.decode, request)
         self.served[target].append(request)
         self._add(target, request)
+
+
+class _Arrival(simpy.Event):
+    """A timeout delivered before every other event due at the same time: a request that
+    arrives as a step ends is seen by the step after it, whichever event was made first."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok, self._value = True, None  # triggered, as simpy's Timeout sets itself
+        env.schedule(self, simpy.core.URGENT, delay)
 
 
 def _prefill_stand_in(request: Request) -> Request:

@@ -130,6 +130,20 @@ class DeferredDecodes:
         """Allocate the blocks rows need this step (in running order; make_room evicts when
         try_allocate finds the pool short), then count every row in the plan's decode
         totals; returns the number of rows (one token each)."""
+        self.allocate(try_allocate, make_room, plan)
+        self.counted = True
+        n, context, context_max = self.decode_totals()
+        if n:
+            plan.decode_seqs += n
+            plan.num_sampled += n
+            plan.decode_context += context
+            plan.decode_context_max = max(plan.decode_context_max, context_max)
+            plan.deferred_decodes = n
+        return n
+
+    def allocate(self, try_allocate: Callable[[str, int], bool], make_room: MakeRoom,
+                 plan: BatchPlan) -> None:
+        """Give the rows that fill their last block this step a new one, in running order."""
         step, alloc, bs = self.step, self._alloc, self.block_size
         while alloc and alloc[0][0] == step:
             _, key, row = alloc[0]
@@ -140,18 +154,30 @@ class DeferredDecodes:
                     heapq.heapreplace(alloc, (step + bs, key, row))  # its next block
                     continue
             heapq.heappop(alloc)
+
+    def decode_totals(self) -> tuple[int, int, int]:
+        """This step's deferred rows: how many, the sum of their lengths, the longest."""
         n = len(self.rows)
-        self.counted = True
-        if n:
-            k_max = self._k_max
-            while not k_max[0][2].alive:
-                heapq.heappop(k_max)
-            plan.decode_seqs += n
-            plan.num_sampled += n
-            plan.decode_context += self.k_sum + n * step
-            plan.decode_context_max = max(plan.decode_context_max, step - k_max[0][0])
-            plan.deferred_decodes = n
-        return n
+        if not n:
+            return 0, 0, 0
+        k_max = self._k_max
+        while not k_max[0][2].alive:
+            heapq.heappop(k_max)
+        step = self.step
+        return n, self.k_sum + n * step, step - k_max[0][0]
+
+    def quiet_steps(self, limit: int, free_blocks: int) -> int:
+        """How many steps from this one (at most limit) only decode the deferred rows, with
+        nothing happening to any row but a new block that the pool is sure to hold: 0 while
+        a row is not deferred (a prefill chunk runs) or none is."""
+        n = len(self.rows)
+        if self.others or not n:
+            return 0
+        if self._events:  # no row finishes or registers a cached block before the last
+            limit = min(limit, self._events[0][0] - self.step)
+        if self.on_demand:  # each row takes at most one block per block_size steps
+            limit = min(limit, free_blocks // n * self.block_size)
+        return max(limit, 0)
 
     def update(self, now: float, cache_blocks: Callable[[Request, int], None]) -> list[Request]:
         """Apply the step that ended at `now` to the rows: block registrations in running

@@ -72,6 +72,18 @@ class Scheduler:
         """Whether decode rows are kept out of the plans (defer_decodes)."""
         return self._deferred is not None
 
+    @property
+    def deferred(self) -> DeferredDecodes | None:
+        """The deferred decode rows (defer_decodes); None when every row is listed."""
+        return self._deferred
+
+    def quiet_steps(self, limit: int) -> int:
+        """How many of the next steps (at most limit) only decode deferred rows, with nothing
+        happening but new KV blocks (DeferredDecodes.quiet_steps); 0 while any request waits."""
+        if self._deferred is None or self.waiting:
+            return 0
+        return self._deferred.quiet_steps(limit, self.block_manager.num_free_blocks)
+
     # ---- requests in and out -------------------------------------------------------------
 
     def add(self, request: Request) -> bool:

@@ -8,12 +8,14 @@ gives simulated and measured runs.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import simpy
 
+from sim.coast import QuietRun
 from sim.core import Request
 from sim.engine import Engine, StepRecord
 
@@ -102,8 +104,20 @@ class _Replay:
         env, engine, requests = self.env, self.engine, self.requests
         scheduler = engine.scheduler
         num_requests = len(requests)
+        coasts = scheduler.deferring
         now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
         while True:
+            arrival = (requests[self.arrived].arrival_s + self.delay_s
+                       if self.arrived < num_requests else math.inf)
+            # Quiet steps (sim.coast), up to the one in progress when the next request arrives.
+            run = QuietRun.start(engine, now, self.on_step, arrival) if coasts else None
+            if run is not None:
+                if arrival <= run.end_s:  # it lands in the last step: delivered first
+                    run.apply(arrival)
+                    yield env.timeout(max(0.0, run.end_s - env.now))
+                run.finish()
+                now = run.end_s
+                continue
             plan = engine.schedule(now)
             if plan is None:
                 if now > env.now:  # catch SimPy up before sleeping

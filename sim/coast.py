@@ -1,0 +1,108 @@
+"""Quiet steps: a run of an engine's steps priced at once, applied as time reaches them.
+
+Between the steps where something happens to a request (an arrival admitted, a prefill
+chunk, a preemption, a finish, a block registered in the prefix cache), an engine that
+defers its decode rows (sim.deferred) only decodes them: each step's plan is the one before
+with every row a token longer, and its one effect is a new KV block for the rows that fill
+their last. A replay prices such a run of steps in one go instead of scheduling, executing
+and recording each: one engine's replay runs it up to the step in progress when the next
+request arrives (it knows when); in a cluster, the engine sleeps once, until the last ends.
+
+The steps' effects (blocks at each start, a step record and a step clock tick at each end)
+are applied only when time passes them (`apply`), so a router that reads KV usage or the
+prefix cache at an arrival sees them as of that instant, and an arrival routed to the engine
+cuts the run at the step in progress (`cut`): the next step, which admits it, starts when
+that one ends, exactly as if every step had been an event. tests/sim/test_coast.py holds
+both replays to the decisions of stepping one event at a time, arrivals on step ends too.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+
+from sim.core import BatchPlan, Request
+from sim.engine import Engine, StepRecord
+
+MAX_QUIET_STEPS = 32  # steps priced ahead at most (an arrival wastes the rest)
+
+
+def _no_room(request: Request, num_tokens: int, plan: BatchPlan) -> bool:
+    raise RuntimeError(f"a quiet step found no KV block for {request.request_id}")
+
+
+class QuietRun:
+    """Quiet steps of one engine from start_s: ends[j] is when step j ends (step j starts
+    when step j - 1 ends). Build one with `start`."""
+
+    __slots__ = ("engine", "on_step", "start_s", "ends", "durations", "n", "begun", "ended")
+
+    def __init__(self, engine: Engine, start_s: float, num_steps: int,
+                 on_step: Callable[[float, list[Request]], None] | None,
+                 until: float = math.inf) -> None:
+        self.engine, self.on_step, self.start_s = engine, on_step, start_s
+        n, context, context_max = engine.scheduler.deferred.decode_totals()
+        plan = BatchPlan(decode_seqs=n, num_sampled=n, deferred_decodes=n)
+        self.ends: list[float] = []
+        self.durations: list[float] = []
+        end = start_s
+        for j in range(num_steps):  # the plan each step would be given
+            plan.decode_context = context + n * j
+            plan.decode_context_max = context_max + j
+            duration = engine.execute(plan).duration_s
+            end = end + duration
+            self.durations.append(duration)
+            self.ends.append(end)
+            if end >= until:
+                break
+        self.n = n
+        self.begun = 0  # steps whose start (new blocks) has been applied
+        self.ended = 0  # steps whose end (record, step clock) has been applied
+
+    @classmethod
+    def start(cls, engine: Engine, start_s: float,
+              on_step: Callable[[float, list[Request]], None] | None = None,
+              until: float = math.inf) -> QuietRun | None:
+        """The quiet steps the engine has from start_s on (its next step's start), up to
+        the one in progress at `until` if any is; None when it has fewer than two quiet
+        steps (one is no cheaper priced alone)."""
+        num_steps = engine.scheduler.quiet_steps(MAX_QUIET_STEPS)
+        return cls(engine, start_s, num_steps, on_step, until) if num_steps > 1 else None
+
+    @property
+    def end_s(self) -> float:
+        return self.ends[-1]
+
+    def apply(self, now: float) -> None:
+        """Apply every step start and step end before `now` (an arrival at the instant a
+        step ends is delivered first: that step is still in progress)."""
+        engine, scheduler, ends = self.engine, self.engine.scheduler, self.ends
+        deferred, bm = scheduler.deferred, scheduler.block_manager
+        last = len(ends)
+        while self.ended < last:
+            j = self.ended
+            if self.begun == j:
+                if (ends[j - 1] if j else self.start_s) >= now:
+                    return
+                deferred.allocate(bm.try_allocate, _no_room, None)
+                self.begun = j + 1
+            end = ends[j]
+            if end >= now:
+                return
+            deferred.update(end, bm.cache_blocks)  # (no row event falls in a quiet step)
+            n = self.n
+            engine.steps.append(StepRecord(
+                ends[j - 1] if j else self.start_s, self.durations[j], n, n, 0, n, 0,
+                bm.num_used_blocks, len(scheduler.waiting), len(scheduler.running), 0))
+            self.ended = j + 1
+            if self.on_step is not None:
+                self.on_step(end, [])
+
+    def cut(self, now: float) -> None:
+        """A request joins the engine at `now`: the run stops with the step in progress."""
+        del self.ends[bisect.bisect_left(self.ends, now) + 1:]
+
+    def finish(self) -> None:
+        """Apply every step of the run (at its end)."""
+        self.apply(math.inf)
