@@ -6,8 +6,8 @@ best existing simulator on the same machine class). The trace has azure-conv's l
 (resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
 deployment is Llama-3-8B on one H100 per replica, chunked prefill. Prints the wall time of
 the replay alone and its cost per request, per engine step and per token. `--listed` lists
-every decode row in every plan instead of deferring them (sim.deferred): the same results,
-the per-row cost it saves.
+every decode row in every plan instead of deferring them (sim.deferred), and so runs no
+quiet steps in bulk either (sim.coast): the same results, the cost both save.
 
     python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32] [--listed]
 """
