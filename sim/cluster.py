@@ -139,6 +139,8 @@ class _Cluster:
         self.schedulers = {id(pool): [engines[i].scheduler for i in pool]
                            for pool in (self.entry, self.decode)}
         self.links = {i: simpy.Resource(env, capacity=1) for i in pools[:config.num_prefill]}
+        for i in self.links:  # a prompt's KV stays on its prefill engine until it is sent
+            engines[i].scheduler.keep_finished_kv = True
         self.origin: dict[int, Request] = {}  # id(prefill stand-in) -> the request it serves
         # A server's path from the socket to its scheduler (a calibration from a URL
         # measures it): each engine sees a request this much after it arrived.
@@ -195,11 +197,15 @@ class _Cluster:
             run.cut(self.env.now)
             self.runs[index] = None
             self.processes[index].interrupt()
+        self._wake(index)
+        return True
+
+    def _wake(self, index: int) -> None:
+        """Wake engine index if it sleeps (idle, or waiting for KV to come free)."""
         event = self.wake[index]
         if event is not None:
             self.wake[index] = None
             event.succeed()
-        return True
 
     def stepping(self, index: int):
         env, engine = self.env, self.engines[index]
@@ -239,12 +245,16 @@ class _Cluster:
         request = self.origin.pop(id(stand_in))
         if not stand_in.token_times_s:  # it ended without its prompt computed
             _copy_finish(stand_in, request)
+            self.engines[index].scheduler.release_kv(stand_in.request_id)
+            self._wake(index)
             return
         transfer_s = self.config.transfer_s(request.prompt_len)
         with self.links[index].request() as link:
             yield link
             yield self.env.timeout(transfer_s)
         self.transfers.append(transfer_s)
+        self.engines[index].scheduler.release_kv(stand_in.request_id)
+        self._wake(index)  # a prompt that waited for those blocks may start now
         request.first_scheduled_s = stand_in.first_scheduled_s
         request.num_cached_tokens = stand_in.num_cached_tokens
         request.num_preemptions = stand_in.num_preemptions

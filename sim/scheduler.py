@@ -55,6 +55,9 @@ class Scheduler:
         self._reserve = config.reserves_full
         self._padding = Padding()  # static batching's finished rows
         self._deferred: DeferredDecodes | None = None  # see defer_decodes
+        # A P/D prefill engine keeps a finished request's KV until its transfer is done
+        # (release_kv), as vLLM's P/D connectors free a block only once it has been sent.
+        self.keep_finished_kv = False
 
     def defer_decodes(self) -> bool:
         """Keep decode rows out of the plans' row lists (sim.deferred): for a backend that
@@ -333,6 +336,12 @@ class Scheduler:
         self._live.pop(request.request_id, None)
         if self._deferred:
             self._deferred.leave(request)
-        if self.block_manager.holds(request.request_id):
+        if self.block_manager.holds(request.request_id) and not (
+                self.keep_finished_kv and reason in (FinishReason.LENGTH, FinishReason.STOP)):
             self.block_manager.free(request.request_id)
+
+    def release_kv(self, request_id: str) -> None:
+        """Free the KV a finished request kept (keep_finished_kv): it has been sent."""
+        if request_id not in self._live and self.block_manager.holds(request_id):
+            self.block_manager.free(request_id)
 

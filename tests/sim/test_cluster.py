@@ -94,6 +94,22 @@ def test_pd_ttft_includes_the_kv_transfer():
     assert slow_ms - fast_ms == pytest.approx(slow_transfer_ms - fast_transfer_ms)
 
 
+def test_pd_prefill_engine_keeps_a_prompts_kv_until_it_is_sent():
+    # The prefill pool holds one 4000-token prompt (250 of 300 blocks), and the link takes
+    # 4.2 s to send it: the second prompt starts only when the first one's KV has left.
+    first, second = Request("a", 0.0, 4000, 2), Request("b", 0.0, 4000, 2)
+    config = cluster(1, num_prefill=1, num_decode=1, kv_link_gbps=1.0,
+                     kv_bytes_per_token=131072)
+    result = run_cluster([first, second], engines(2, policy="continuous", num_blocks=300,
+                                                  max_model_len=8192), config)
+    prefill = result.engines[0]
+    prefilled_s = prefill.steps[0].start_s + prefill.steps[0].duration_s
+    assert prefill.steps[0].kv_blocks_used >= 250  # kept after the stand-in finished
+    assert second.first_scheduled_s == pytest.approx(prefilled_s + config.transfer_s(4000))
+    assert prefill.scheduler.block_manager.num_used_blocks == 0  # both sent, both freed
+    assert len(first.token_times_s) == len(second.token_times_s) == 2
+
+
 def test_pd_decode_engine_computes_only_the_last_prompt_token():
     request = Request("a", 0.0, 1000, 3)
     config = cluster(1, num_prefill=1, num_decode=1, kv_bytes_per_token=1024)
