@@ -3,9 +3,10 @@
 Each engine (its own scheduler and KV pool) is a SimPy process stepping on the shared clock;
 an arrival process routes each request at its arrival time by a snapshot of every replica.
 Under prefill/decode disaggregation a request is first prefilled on a prefill engine, then
-its prompt's KV crosses the prefill engine's link (bytes / bandwidth, one transfer at a time)
-to a decode engine the router picks among the decode pool, which computes the last prompt
-token (the first decode step) and samples the first token: TTFT includes all of it.
+its prompt's KV crosses the prefill engine's link (bytes / bandwidth, one transfer at a time;
+the prefill engine keeps those blocks until then) to a decode engine the router picks among
+the decode pool, which computes the last prompt token (the first decode step) and samples the
+first token: TTFT includes all of it.
 """
 
 from __future__ import annotations
@@ -244,9 +245,7 @@ class _Cluster:
         """Move a prefilled prompt's KV to a decode engine, then queue the request there."""
         request = self.origin.pop(id(stand_in))
         if not stand_in.token_times_s:  # it ended without its prompt computed
-            _copy_finish(stand_in, request)
-            self.engines[index].scheduler.release_kv(stand_in.request_id)
-            self._wake(index)
+            _copy_finish(stand_in, request)  # (it kept no KV: only a sampled token keeps it)
             return
         transfer_s = self.config.transfer_s(request.prompt_len)
         with self.links[index].request() as link:
