@@ -88,9 +88,8 @@ def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], mod
                           ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[float]]]:
     """measure_interleaved, and the cost model fitted to the grid's rounds: the runs, the
     fit and each run's speed."""
-    from executor.profile import row_knots
 
     measured, speeds, slowness = measure_interleaved(trace, configs, model, profile, seed,
                                                      on_step, on_run, repeats, step_logs)
-    fit = fit_profile(profile.plans, profile.times, slowness, row_knots(profile.home))
+    fit = fit_profile(profile.plans, profile.times, slowness, profile.home.row_knots)
     return measured, fit, speeds

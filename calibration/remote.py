@@ -12,7 +12,8 @@ mean wait for the step in flight), is the request path plus those steps.
 
 Each observation is a sum of BatchPlans (built as the server's chunked scheduler would)
 and seconds; one non-negative fit gives the cost model's coefficients and the request
-overhead (the path through the server, which only TTFTs include) together.
+overhead (the path through the server, which only TTFTs include) together, leaving out the
+observations that no fit explains (`inliers`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibration.fit import HOLDOUT_FOLDS, Fit, held_out_errors
-from sim.calibrated import CalibratedCostModel, feature_names, fit_coefficients, plan_features
+from sim.calibrated import (
+    CalibratedCostModel,
+    check_knots,
+    feature_names,
+    fit_coefficients,
+    plan_features,
+)
 from sim.core import BatchPlan, Request
 from sim.plan import add_to_plan
 
 DECODE_WINDOW = 8  # decode gaps per observation: their median damps client-side hiccups
+# An observation off the fit by more than OUTLIER_ERROR x the median error, and by more than
+# OUTLIER_FLOOR, is a glitch in the client's view of the server and is left out of the fit.
+OUTLIER_ERROR, OUTLIER_FLOOR, OUTLIER_ROUNDS = 4.0, 0.25, 8
 
 
 @dataclass(frozen=True)
@@ -39,11 +49,16 @@ class ServerLimits:
     block_size: int | None = None  # KV block size, where /metrics publishes it
     num_blocks: int | None = None  # KV pool, where /metrics publishes it
     enable_prefix_caching: bool = True
+    # Row counts where the server's decode step cost changes slope (its GEMM's tiles), where
+    # it publishes them (`servelab serve` does, as servelab:kernel_info): the fit gets a
+    # fixed cost per knot (sim.calibrated), and the decode probes run a batch at each.
+    row_knots: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("max_model_len", "token_budget", "max_num_seqs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"server {key} must be >= 1, got {getattr(self, key)}")
+        check_knots(self.row_knots)
 
 
 @dataclass(frozen=True)
@@ -69,24 +84,30 @@ class Probe:
 class Observations:
     """Rows of summed plan features (+ the request-overhead column) and their seconds."""
 
-    names: tuple[str, ...] = field(default_factory=lambda: feature_names() + ("overhead",))
+    row_knots: tuple[int, ...] = ()
     rows: list[list[float]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return feature_names(self.row_knots) + ("overhead",)
 
     def add(self, plans: list[BatchPlan], seconds: float, kind: str,
             overhead: bool = False) -> None:
         if not seconds > 0 or not plans:
             return  # a stall of the client's clock or nothing observed: no information
-        summed = np.sum([plan_features(plan) for plan in plans], axis=0).tolist()
+        summed = np.sum([plan_features(plan, self.row_knots) for plan in plans],
+                        axis=0).tolist()
         self.rows.append(summed + [1.0 if overhead else 0.0])
         self.seconds.append(seconds)
         self.kinds.append(kind)
 
 
 def probes(limits: ServerLimits, quick: bool = False) -> list[Probe]:
-    """The lone and decode probes: prompt lengths up to two steps' budget, batches up to
-    max_num_seqs. (Join probes need the decode step time: `join_probes`.)"""
+    """The lone and decode probes: prompt lengths up to two steps' budget, batches of powers
+    of two and at every row knot up to max_num_seqs. (Join probes need the decode step
+    time: `join_probes`.)"""
     longest = min(limits.max_model_len - 64, 2 * limits.token_budget)
     lengths = [n for n in (16, 128, 512, 1024, 2048, 4096) if n <= longest]
     lone = [Probe("lone", (ProbeRequest(0.0, n, 8),)) for n in lengths for _ in range(2)]
@@ -94,6 +115,7 @@ def probes(limits: ServerLimits, quick: bool = False) -> list[Probe]:
     contexts = [n for n in (32, 512, 1536) if n + 80 <= limits.max_model_len]
     if quick:
         lone, batches, contexts = lone[::2], batches[::2], contexts[:2]
+    batches = sorted(set(batches) | {k for k in limits.row_knots if k <= limits.max_num_seqs})
     pool = (limits.num_blocks * limits.block_size if limits.num_blocks and limits.block_size
             else None)  # a batch that outgrows the pool would be preempted: other steps
 
@@ -175,8 +197,10 @@ def _observe_lone(request: Request, limits: ServerLimits, out: Observations) -> 
     times = request.token_times_s
     out.add(_chunk_plans(request.prompt_len, limits.token_budget, []),
             times[0] - request.arrival_s, "lone TTFT", overhead=True)
-    for j in range(1, len(times)):
-        out.add([_decode_plan([(request.prompt_len, j)])], times[j] - times[j - 1], "decode")
+    if len(times) > 1:  # one observation: the median gap, as a decode window's
+        middle = len(times) // 2
+        out.add([_decode_plan([(request.prompt_len, middle)])],
+                float(np.median(np.diff(times))), "decode")
 
 
 def _observe_decodes(streams: list[Request], limits: ServerLimits, out: Observations) -> None:
@@ -256,22 +280,48 @@ def median_decode_step(out: Observations, rows: int = 4) -> float:
     return float(np.median(chosen))
 
 
-def fit_observations(out: Observations) -> Fit:
-    """The cost model and request overhead fitted to every observation together, with each
-    observation's held-out error (a fit without its fold)."""
+def fit_observations(out: Observations) -> tuple[Fit, np.ndarray]:
+    """The cost model and request overhead fitted to the observations a fit explains (see
+    `inliers`), with each one's held-out error (a fit without its fold); and which those are."""
     features = np.asarray(out.rows, dtype=float)
     seconds = np.asarray(out.seconds, dtype=float)
     if len(seconds) < features.shape[1] + HOLDOUT_FOLDS:
         raise ValueError(f"{len(seconds)} observations are too few to fit "
                          f"{features.shape[1]} terms: probe longer")
+    keep = inliers(features, seconds)
+    features, seconds = features[keep], seconds[keep]
     held = held_out_errors(features, seconds)
     solution = fit_coefficients(features, seconds)
-    model = CalibratedCostModel(tuple(solution[:-1]), request_overhead_s=float(solution[-1]))
+    model = CalibratedCostModel(tuple(solution[:-1]), out.row_knots,
+                                request_overhead_s=float(solution[-1]))
     fitted = np.abs(features @ solution - seconds) / seconds
-    return Fit(model, fitted, held)
+    return Fit(model, fitted, held), keep
 
 
-def error_by_kind(out: Observations, errors: np.ndarray) -> dict[str, float]:
-    """Median error of each kind of observation."""
-    kinds = np.asarray(out.kinds)
-    return {kind: float(np.median(errors[kinds == kind])) for kind in dict.fromkeys(out.kinds)}
+def inliers(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """The observations left once those no fit explains are: fit, set aside each observation
+    off the fit by more than OUTLIER_ERROR median errors (and OUTLIER_FLOOR), fit the rest,
+    until the set stops changing. What a client sees of a step can be far off it (a token
+    held back in a socket shortens the next gap; a burst's group split in two shortens its
+    step), and a relative-error fit follows a gap that is too short more than one too long."""
+    keep = np.ones(len(seconds), dtype=bool)
+    for _ in range(OUTLIER_ROUNDS):
+        coefficients = fit_coefficients(features[keep], seconds[keep])
+        errors = np.abs(features @ coefficients - seconds) / seconds
+        bound = max(OUTLIER_ERROR * float(np.median(errors[keep])), OUTLIER_FLOOR)
+        if np.array_equal(errors <= bound, keep):
+            break
+        keep = errors <= bound
+    return keep
+
+
+def error_by_kind(out: Observations, errors: np.ndarray, kept: np.ndarray) -> dict[str, float]:
+    """Median error of each kind of observation, errors being those of the `kept` ones."""
+    kinds = np.asarray(out.kinds)[kept]
+    return {kind: float(np.median(errors[kinds == kind])) for kind in dict.fromkeys(kinds)}
+
+
+def outliers_by_kind(out: Observations, kept: np.ndarray) -> dict[str, int]:
+    """How many observations of each kind the fit left out."""
+    kinds = np.asarray(out.kinds)[~kept]
+    return {str(kind): int((kinds == kind).sum()) for kind in dict.fromkeys(kinds)}

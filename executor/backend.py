@@ -16,6 +16,7 @@ from executor.batch import build_step_inputs, segments_from_plan
 from executor.config import ModelArgs
 from executor.kv_cache import KVCache
 from executor.model import Transformer
+from executor.native import ROW_KNOTS
 from executor.sampling import Sampler
 from executor.weights import load_hf_model, random_model
 from sim.block_manager import BlockManager
@@ -107,6 +108,12 @@ class ModelBackend:
         if self.step_log is not None:
             self.step_log.append((plan, duration))
         return StepResult(duration, sampled)
+
+    @property
+    def row_knots(self) -> tuple[int, ...]:
+        """Where a decode step's cost changes slope with its rows, for the cost model: the
+        native GEMM's tile edges (ROW_KNOTS); none on the torch path, tiled by oneDNN."""
+        return ROW_KNOTS if self.model.native else ()
 
     def _swap(self, plan: BatchPlan) -> None:
         """Copy evicted requests' KV to host memory, then resumed ones' back: outs first,

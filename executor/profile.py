@@ -62,12 +62,6 @@ class ProfilePoint:
         return sum(block_manager.blocks_for(length) for length in lengths)
 
 
-def row_knots(backend: ModelBackend) -> tuple[int, ...]:
-    """The cost model's row knots for steps on this backend: the native GEMM's (ROW_KNOTS),
-    none on the torch path, whose tiling is oneDNN's own."""
-    return ROW_KNOTS if backend.model.native else ()
-
-
 def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) -> list[ProfilePoint]:
     """The profiled shapes, capped by the model length and the KV pool."""
     chunks = (8, 32, 128, 512) if quick else (4, 16, 64, 128, 256, 512, 1024)

@@ -20,6 +20,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CACHE_INFO = "vllm:cache_config_info"  # labels: the KV pool's block size, blocks, caching
+KERNEL_INFO = "servelab:kernel_info"  # label row_knots: where a decode step's cost steps
 
 
 class ServerMetrics:
@@ -83,8 +85,15 @@ class ServerMetrics:
         of a gauge set to 1 (what `calibrate --url` reads the pool from)."""
         labels = {"block_size": str(config.block_size), "num_gpu_blocks": str(config.num_blocks),
                   "enable_prefix_caching": str(config.enable_prefix_caching)}
-        Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
+        Gauge(CACHE_INFO, "Information of the KV cache configuration.",
               list(labels), registry=self.registry).labels(**labels).set(1)
+
+    def describe_kernels(self, row_knots: tuple[int, ...]) -> None:
+        """`servelab:kernel_info`: the row counts where the executor's decode step cost changes
+        slope (its GEMM's tiles, executor.native.ROW_KNOTS; empty on the torch path), so that
+        `calibrate --url` fits the step cost's staircase instead of a line through it."""
+        Gauge(KERNEL_INFO, "Information of the executor's kernels.", ["row_knots"],
+              registry=self.registry).labels(",".join(map(str, row_knots))).set(1)
 
     def set_state(self, scheduler: Scheduler) -> None:
         """The scheduler's state after a step (engine thread: the scheduler's owner)."""

@@ -12,17 +12,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from calibration.remote import Probe, ServerLimits
 from serve.client import BenchConfig, BenchRequest, make_client, model_card, run_bench
+from serve.metrics import CACHE_INFO, KERNEL_INFO
 from sim.core import FinishReason, Request
 
 
 async def read_limits(config: BenchConfig, max_num_seqs: int, token_budget: int
                       ) -> tuple[ServerLimits, dict]:
     """The server's limits (max_model_len from /v1/models; block size, KV blocks and prefix
-    caching from vLLM's `vllm:cache_config_info` on /metrics, where published; the rest as
-    given), and its model card."""
+    caching from vLLM's `vllm:cache_config_info` on /metrics, and the row knots from
+    `servelab:kernel_info`, where published; the rest as given), and its model card."""
     async with make_client(config) as client:
         card = await model_card(client, config.model)
-        info = await _cache_config(client)
+        infos = await _info_labels(client)
+    info = infos.get(CACHE_INFO, {})
+    knots = infos.get(KERNEL_INFO, {}).get("row_knots", "")
     max_len = card.get("max_model_len")
     if not max_len:
         raise ValueError(f"{config.url} does not publish max_model_len on /v1/models")
@@ -31,22 +34,22 @@ async def read_limits(config: BenchConfig, max_num_seqs: int, token_budget: int
     limits = ServerLimits(int(max_len), token_budget, max_num_seqs,
                           int(info["block_size"]) if info.get("block_size") else None,
                           int(blocks) if blocks and blocks != "None" else None,
-                          caching.lower() == "true")
+                          caching.lower() == "true",
+                          tuple(int(k) for k in knots.split(",") if k))
     return limits, card
 
 
-async def _cache_config(client: aiohttp.ClientSession) -> dict[str, str]:
-    """The labels of `vllm:cache_config_info` on /metrics ({} if absent)."""
+async def _info_labels(client: aiohttp.ClientSession) -> dict[str, dict[str, str]]:
+    """The labels of each info gauge (`vllm:cache_config_info`, `servelab:kernel_info`) on
+    /metrics, by name; those absent are left out."""
     try:
         async with client.get("metrics") as response:
             text = await response.text() if response.status == 200 else ""
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return {}
-    for family in text_string_to_metric_families(text):
-        if family.name == "vllm:cache_config_info":
-            for sample in family.samples:
-                return dict(sample.labels)
-    return {}
+    return {family.name: dict(family.samples[0].labels)
+            for family in text_string_to_metric_families(text)
+            if family.name in (CACHE_INFO, KERNEL_INFO) and family.samples}
 
 
 async def run_probes(probes: list[Probe], config: BenchConfig, vocab_size: int, seed: int = 0,

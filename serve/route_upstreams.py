@@ -17,6 +17,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from serve.metrics import CACHE_INFO
 from sim.router import ReplicaLoad
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,6 @@ log = logging.getLogger(__name__)
 # vLLM's gauge names; vLLM before v0.10 called the KV one vllm:gpu_cache_usage_perc.
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-CACHE_INFO = "vllm:cache_config_info"  # labels block_size and num_gpu_blocks: the KV pool
 # What aiohttp raises when no connection could be made (the request never left the router).
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 

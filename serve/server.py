@@ -60,6 +60,7 @@ def assemble(scheduler: Scheduler, backend: Backend, tokenizer: Tokenizer, vocab
     clock = Clock()
     metrics = ServerMetrics(api.model_name)
     metrics.describe_cache(scheduler.config)
+    metrics.describe_kernels(getattr(backend, "row_knots", ()))
     log = RequestLog(request_log) if request_log is not None else None
     thread = EngineThread(scheduler, backend, clock, engine, metrics, log)
     return ServeState(api, thread, tokenizer, metrics, vocab_size, log)

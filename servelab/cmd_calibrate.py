@@ -45,12 +45,12 @@ def _run(args: argparse.Namespace) -> int:
     loaded = load_model_from_args(args)
     backend, points, num_blocks, max_len = profile_backend(
         loaded, args.block_size, args.kv_cache_gib, args.max_model_len, args.quick)
-    from executor.profile import measure, row_knots
+    from executor.profile import measure
 
     with tqdm(total=len(points) * (args.repeats + 1), unit="step", file=sys.stderr,
               leave=False, disable=None) as bar:
         plans, times = measure(backend, points, args.repeats, args.seed, bar.update)
-    fit = fit_profile(plans, times, row_knots=row_knots(backend))
+    fit = fit_profile(plans, times, row_knots=backend.row_knots)
     meta = calibration_meta(loaded, args.block_size, args.kv_cache_gib, num_blocks, max_len,
                             len(points), len(times))
     save_calibration(fit, args.out, meta)

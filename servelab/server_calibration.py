@@ -12,12 +12,14 @@ from tqdm import tqdm
 
 from calibration.fit import save_calibration
 from calibration.remote import (
+    OUTLIER_ERROR,
     Observations,
     error_by_kind,
     fit_observations,
     join_probes,
     median_decode_step,
     observe,
+    outliers_by_kind,
     probes,
 )
 from executor.loading import cpu_model
@@ -37,19 +39,27 @@ def calibrate_url(args: argparse.Namespace) -> int:
     if not vocab:
         raise ValueError(f"{args.url} does not report its vocab size; pass --vocab-size")
     started = time.perf_counter()
-    observed = Observations()
+    observed = Observations(limits.row_knots)
     first = probes(limits, args.quick)
-    with tqdm(total=len(first) + 3, unit="probe", file=sys.stderr, leave=False,
+    # A server's first requests pay for what later ones find ready (threads woken, buffers
+    # grown): one of each lone probe runs first, unobserved. Each set of probes gets its own
+    # seed, so that no prompt repeats one before it and the prefix cache serves none.
+    warmup = [probe for probe in first if probe.kind == "lone"][::2]
+    with tqdm(total=len(warmup) + len(first) + 3, unit="probe", file=sys.stderr, leave=False,
               disable=None) as bar:
-        for probe, seen in zip(first, asyncio.run(run_probes(first, config, vocab, args.seed,
-                                                               bar.update)), strict=True):
+
+        def run(batch: list, seed: int) -> list:
+            return asyncio.run(run_probes(batch, config, vocab, seed, bar.update))
+
+        run(warmup, args.seed + 2)
+        for probe, seen in zip(first, run(first, args.seed), strict=True):
             observe(probe, seen, limits, observed)
         joins = join_probes(limits, median_decode_step(observed), args.quick)
-        for probe, seen in zip(joins, asyncio.run(run_probes(joins, config, vocab, args.seed,
-                                                               bar.update)), strict=True):
+        for probe, seen in zip(joins, run(joins, args.seed + 1), strict=True):
             observe(probe, seen, limits, observed)
     probing_s = time.perf_counter() - started
-    fit = fit_observations(observed)
+    fit, kept = fit_observations(observed)
+    outliers = outliers_by_kind(observed, kept)
     server = {"url": args.url, "model": card["id"], "policy": args.server_policy,
               "max_num_seqs": limits.max_num_seqs, "token_budget": limits.token_budget,
               "num_blocks": limits.num_blocks or args.num_blocks,
@@ -61,11 +71,15 @@ def calibrate_url(args: argparse.Namespace) -> int:
             "block_size": server["block_size"], "num_blocks": server["num_blocks"],
             "max_model_len": limits.max_model_len, "server": server,
             "probes": len(first) + len(joins), "observations": len(observed.seconds),
+            "outliers_by_kind": outliers,
             "probing_s": round(probing_s, 1),
-            "holdout_error_by_kind": error_by_kind(observed, fit.held_error)}
+            "holdout_error_by_kind": error_by_kind(observed, fit.held_error, kept)}
     save_calibration(fit, args.out, meta)
     print(f"probed {args.url} ({card['id']}): {len(first) + len(joins)} probes, "
           f"{len(observed.seconds)} observations in {probing_s:.0f} s")
+    if outliers:
+        print(f"left out of the fit, off it by more than {OUTLIER_ERROR:g}x the median error: "
+              + ", ".join(f"{count} {kind}" for kind, count in outliers.items()))
     print(fit.describe())
     print("held-out error by kind: " + ", ".join(
         f"{kind} {error:.1%}" for kind, error in meta["holdout_error_by_kind"].items()))

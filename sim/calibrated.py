@@ -93,7 +93,7 @@ def knot_weights(rows: int, knots: tuple[int, ...]) -> list[float]:
     return weights
 
 
-def _check_knots(knots: tuple[int, ...]) -> tuple[int, ...]:
+def check_knots(knots: tuple[int, ...]) -> tuple[int, ...]:
     """The knots, if they are increasing positive row counts."""
     if any(not a < b for a, b in zip((0, *knots), knots, strict=False)):
         raise ValueError(f"row knots must be increasing positive rows, got {knots}")
@@ -165,7 +165,7 @@ class CalibratedCostModel:
     meta: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        _check_knots(self.row_knots)
+        check_knots(self.row_knots)
         names = self.features
         if len(self.coefficients) != len(names):
             raise ValueError(f"expected {len(names)} coefficients ({', '.join(names)}), "
@@ -252,7 +252,7 @@ class CalibratedCostModel:
             raise ValueError(f"{path}: calibration features, row knots, jitter and request "
                              f"overhead must be numbers") from None
         try:
-            names = feature_names(_check_knots(knots))
+            names = feature_names(check_knots(knots))
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         missing = [name for name in names if name not in values and name not in OPTIONAL_FEATURES]

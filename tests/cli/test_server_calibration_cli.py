@@ -7,6 +7,7 @@ import json
 import pytest
 
 from executor.backend import load_model
+from executor.native import ROW_KNOTS
 from servelab.cli import main
 from tests.serve.helpers import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, start_server
 
@@ -32,6 +33,8 @@ def test_calibrate_from_a_servers_url_and_simulate_as_that_server(tiny_model, tm
     assert "request overhead" in printed.out
     saved = json.loads(path.read_text())
     assert saved["request_overhead_s"] > 0
+    # The server publishes its kernels' row knots (servelab:kernel_info); the fit uses them.
+    assert tuple(saved["row_knots"]) == (ROW_KNOTS if tiny_model.native else ())
     server_meta = saved["meta"]["server"]
     assert server_meta == {"url": server.url, "model": MODEL, "policy": "chunked",
                            "max_num_seqs": 32, "token_budget": 2048, "num_blocks": 900,
