@@ -20,7 +20,7 @@ from sim.coast import QuietRun
 from sim.core import Request
 from sim.engine import Engine, StepRecord
 from sim.router import ReplicaLoad, Router, RouterConfig
-from sim.simulation import RunResult, StalledError, trace_frozen
+from sim.simulation import RunResult, StalledError, collector_paused
 
 # A 400 Gb/s NIC (ConnectX-7 / InfiniBand NDR), the default KV link of a prefill engine.
 DEFAULT_KV_LINK_GBPS = 400.0
@@ -105,7 +105,7 @@ def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: 
     cluster = _Cluster(env, list(engines), config, on_step)
     env.process(cluster.arrivals(requests))
     cluster.processes = [env.process(cluster.stepping(i)) for i in range(len(engines))]
-    with trace_frozen():
+    with collector_paused():
         env.run()
     stuck = sum(not r.is_finished for r in requests)
     if stuck:
