@@ -285,11 +285,15 @@ def fit_observations(out: Observations) -> tuple[Fit, np.ndarray]:
     `inliers`), with each one's held-out error (a fit without its fold); and which those are."""
     features = np.asarray(out.rows, dtype=float)
     seconds = np.asarray(out.seconds, dtype=float)
-    if len(seconds) < features.shape[1] + HOLDOUT_FOLDS:
-        raise ValueError(f"{len(seconds)} observations are too few to fit "
-                         f"{features.shape[1]} terms: probe longer")
+    needed = len(out.names) + HOLDOUT_FOLDS
+    if len(seconds) < needed:
+        raise ValueError(f"{len(seconds)} observations are too few to fit {len(out.names)} "
+                         "terms: probe longer")
     keep = inliers(features, seconds)
     features, seconds = features[keep], seconds[keep]
+    if len(seconds) < needed:
+        raise ValueError(f"{len(seconds)} observations fit together ({(~keep).sum()} left out), "
+                         f"too few to fit {len(out.names)} terms: probe longer")
     held = held_out_errors(features, seconds)
     solution = fit_coefficients(features, seconds)
     model = CalibratedCostModel(tuple(solution[:-1]), out.row_knots,
