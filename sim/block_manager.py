@@ -44,7 +44,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self._tables: dict[str, list[int]] = {}
-        self._ref = [0] * num_blocks  # requests holding each block
+        # Requests holding each cached block. A block without a content key has one holder
+        # while held (only cached blocks are shared), so its count is not kept.
+        self._ref = [0] * num_blocks
         self._key: list = [None] * num_blocks  # content key of each cached block
         self._empty: list[int] = []  # the most recently freed block is reused first
         self._next_fresh = 0
@@ -72,7 +74,8 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        """Blocks requests hold: taken from the fresh ones, not back in a free state."""
+        return self._next_fresh - len(self._empty) - len(self._evictable)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -118,9 +121,7 @@ class BlockManager:
             if table is None:
                 table = self._tables[request_id] = []
             if missing == 1 and empty:  # one block off the top of the empty stack
-                block = empty.pop()
-                table.append(block)
-                self._ref[block] = 1
+                table.append(empty.pop())
             else:
                 self._take(table, missing)
             return True
@@ -158,9 +159,6 @@ class BlockManager:
             del self._cached[self._key[block]]
             self._key[block] = None
             table.append(block)
-        ref = self._ref
-        for block in table[len(table) - count:]:
-            ref[block] = 1
 
     def free(self, request_id: str) -> None:
         """Release all of request_id's blocks; raise if it holds none.
@@ -172,19 +170,17 @@ class BlockManager:
             raise KeyError(f"request {request_id} holds no blocks (double free?)")
         ref, key, empty, evictable = self._ref, self._key, self._empty, self._evictable
         if not self._num_keyed.pop(request_id, 0):
-            # Nothing of it was ever keyed (no cached prefix, no block registered), so no
-            # other request can hold its blocks: all of them are empty now.
-            for block in table:
-                ref[block] = 0
+            # Nothing of it was ever keyed (no cached prefix, no block registered): all of
+            # its blocks are empty now.
             empty.extend(reversed(table))
             return
         for block in reversed(table):  # deepest first: evicted before its prefix
+            if key[block] is None:  # its one holder leaves
+                empty.append(block)
+                continue
             ref[block] -= 1
             if ref[block] == 0:
-                if key[block] is None:
-                    empty.append(block)
-                else:
-                    evictable[block] = None
+                evictable[block] = None
 
     def holds(self, request_id: str) -> bool:
         return request_id in self._tables
@@ -235,8 +231,10 @@ class BlockManager:
         for j in range(done, full):
             key = keys[j]
             if key not in self._cached:  # the same content computed twice stays private
-                self._cached[key] = table[j]
-                self._key[table[j]] = key
+                block = table[j]
+                self._cached[key] = block
+                self._key[block] = key
+                self._ref[block] = 1  # (its computing request's alone so far)
         self._num_keyed[rid] = full
 
     # ---- swapping ------------------------------------------------------------------------
@@ -282,17 +280,19 @@ class BlockManager:
 
     def check(self) -> None:
         """Assert the pool's invariants (tests): every block in exactly one state."""
-        held = [b for b in range(self.num_blocks) if self._ref[b] > 0]
-        assert all(count >= 0 for count in self._ref), "negative reference count"
-        free = self._empty + list(range(self._next_fresh, self.num_blocks)) + list(self._evictable)
-        assert len(set(free)) == len(free), "a block is free twice"
-        assert not set(free) & set(held), "a held block is also free"
-        assert len(free) + len(held) == self.num_blocks, "a block is lost"
         owners = [0] * self.num_blocks
         for table in self._tables.values():
             for block in table:
                 owners[block] += 1
-        assert owners == self._ref, "reference counts differ from the block tables"
+        held = [b for b in range(self.num_blocks) if owners[b] > 0]
+        free = self._empty + list(range(self._next_fresh, self.num_blocks)) + list(self._evictable)
+        assert len(set(free)) == len(free), "a block is free twice"
+        assert not set(free) & set(held), "a held block is also free"
+        assert len(free) + len(held) == self.num_blocks, "a block is lost"
+        keyed = [self._key[b] is not None for b in range(self.num_blocks)]
+        assert all(owners[b] == self._ref[b] for b in range(self.num_blocks) if keyed[b]), \
+            "a cached block's reference count differs from the block tables"
+        assert all(owners[b] <= 1 for b in held if not keyed[b]), "an uncached block is shared"
         assert all(self._key[b] is not None for b in self._evictable), "uncached evictable block"
         assert all(self._key[b] == k for k, b in self._cached.items()), "cache map out of sync"
         host = (self._host_free + self._host_reading
