@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 
 from sim.core import BatchPlan, Request
-from sim.engine import Engine, StepRecord
+from sim.engine import Engine, step_record
 
 MAX_QUIET_STEPS = 32  # steps priced ahead at most (an arrival wastes the rest)
 
@@ -44,13 +44,16 @@ class QuietRun:
         self.engine, self.on_step, self.start_s = engine, on_step, start_s
         n, context, context_max = engine.scheduler.deferred.decode_totals()
         plan = BatchPlan(decode_seqs=n, num_sampled=n, deferred_decodes=n)
+        predict = getattr(engine.backend, "predict", None)  # (sim.core.Backend)
+        if predict is None:
+            predict = lambda plan: engine.execute(plan).duration_s  # noqa: E731
         self.ends: list[float] = []
         self.durations: list[float] = []
         end = start_s
         for j in range(num_steps):  # the plan each step would be given
             plan.decode_context = context + n * j
             plan.decode_context_max = context_max + j
-            duration = engine.execute(plan).duration_s
+            duration = predict(plan)
             end = end + duration
             self.durations.append(duration)
             self.ends.append(end)
@@ -79,7 +82,8 @@ class QuietRun:
         step ends is delivered first: that step is still in progress)."""
         engine, scheduler, ends = self.engine, self.engine.scheduler, self.ends
         deferred, bm = scheduler.deferred, scheduler.block_manager
-        last = len(ends)
+        cache_blocks, record = bm.cache_blocks, engine.steps.append
+        n, last = self.n, len(ends)
         while self.ended < last:
             j = self.ended
             if self.begun == j:
@@ -90,14 +94,17 @@ class QuietRun:
             end = ends[j]
             if end >= now:
                 return
-            deferred.update(end, bm.cache_blocks)  # (no row event falls in a quiet step)
-            n = self.n
-            engine.steps.append(StepRecord(
-                ends[j - 1] if j else self.start_s, self.durations[j], n, n, 0, n, 0,
-                bm.num_used_blocks, len(scheduler.waiting), len(scheduler.running), 0))
+            finished = deferred.update(end, cache_blocks)  # (only at the run's last step)
+            if finished:
+                scheduler.finish_deferred(finished, end)
+                for request in finished:
+                    engine.backend.free(request)
+            record(step_record((ends[j - 1] if j else self.start_s, self.durations[j], n, n, 0,
+                                n, 0, bm.num_used_blocks, len(scheduler.waiting),
+                                len(scheduler.running), 0)))
             self.ended = j + 1
             if self.on_step is not None:
-                self.on_step(end, [])
+                self.on_step(end, finished)
 
     def cut(self, now: float) -> None:
         """A request joins the engine at `now`: the run stops with the step in progress."""

@@ -81,7 +81,9 @@ class DeferredDecodes:
         bs = self.block_size
         if self.on_demand:  # it needs a block when its KV (length - 1 tokens) fills the last
             heapq.heappush(self._alloc, (start + (1 - k - start) % bs, key, row))
-        if self.caching:  # its computed tokens (length after the step) fill a block
+        # Its computed tokens (length after the step) fill a block; only blocks past those
+        # computed so far (k + start - 1 tokens, registered up to `shareable`) can join.
+        if self.caching and (k + start - 1) // bs < row.shareable:
             heapq.heappush(self._events, (start + (-k - start) % bs, key, _CACHE, row))
         remaining = request.max_new_tokens - len(request.token_times_s)
         heapq.heappush(self._events, (start + remaining - 1, key, _FINISH, row))
@@ -168,13 +170,14 @@ class DeferredDecodes:
 
     def quiet_steps(self, limit: int, free_blocks: int) -> int:
         """How many steps from this one (at most limit) only decode the deferred rows, with
-        nothing happening to any row but a new block that the pool is sure to hold: 0 while
-        a row is not deferred (a prefill chunk runs) or none is."""
+        nothing happening to any row but a new block that the pool is sure to hold, except
+        at the end of the last: 0 while a row is not deferred (a prefill chunk runs) or none
+        is."""
         n = len(self.rows)
         if self.others or not n:
             return 0
-        if self._events:  # no row finishes or registers a cached block before the last
-            limit = min(limit, self._events[0][0] - self.step)
+        if self._events:  # rows finish or register cached blocks at the last step's end
+            limit = min(limit, self._events[0][0] - self.step + 1)
         if self.on_demand:  # each row takes at most one block per block_size steps
             limit = min(limit, free_blocks // n * self.block_size)
         return max(limit, 0)

@@ -6,6 +6,7 @@ The simulator, the measured run and the HTTP server differ only in how they tell
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 from sim.core import Backend, BatchPlan, Request, StepResult
@@ -27,6 +28,10 @@ class StepRecord(NamedTuple):
     num_running: int  # running requests after the step
     num_preempted: int  # evictions decided for this step
 
+
+# A record from the tuple of its fields, without NamedTuple's Python-level __new__ (the
+# replays make one per step).
+step_record = partial(tuple.__new__, StepRecord)
 
 
 @dataclass
@@ -69,10 +74,10 @@ class Engine:
         for request in finished:
             self.backend.free(request)
         padding = len(plan.padding)  # (the plan's properties, inlined: once per step)
-        self.steps.append(StepRecord(
+        self.steps.append(step_record((
             start_s, result.duration_s, len(plan.requests) + plan.deferred_decodes + padding,
             plan.prefill_tokens + plan.decode_seqs, plan.prefill_tokens, plan.decode_seqs,
             padding, scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
             len(scheduler.running), len(plan.preempted),
-        ))
+        )))
         return finished

@@ -82,10 +82,18 @@ class Scheduler:
 
     def quiet_steps(self, limit: int) -> int:
         """How many of the next steps (at most limit) only decode deferred rows, with nothing
-        happening but new KV blocks (DeferredDecodes.quiet_steps); 0 while any request waits."""
+        happening but new KV blocks before the last (DeferredDecodes.quiet_steps); 0 while any
+        request waits."""
         if self._deferred is None or self.waiting:
             return 0
         return self._deferred.quiet_steps(limit, self.block_manager.num_free_blocks)
+
+    def finish_deferred(self, finished: list[Request], now: float) -> None:
+        """Finish the deferred rows a quiet step (sim.coast) that ended at `now` brought to
+        max_new_tokens (DeferredDecodes.update returned them), as update would."""
+        for request in finished:
+            self._finish(request, FinishReason.LENGTH, now)
+        self.running = [r for r in self.running if r.status is _RUNNING]
 
     # ---- requests in and out -------------------------------------------------------------
 
