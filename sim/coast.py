@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from itertools import accumulate
 from collections.abc import Callable
 
 from sim.core import BatchPlan, Request
@@ -43,22 +44,24 @@ class QuietRun:
                  until: float = math.inf) -> None:
         self.engine, self.on_step, self.start_s = engine, on_step, start_s
         n, context, context_max = engine.scheduler.deferred.decode_totals()
-        plan = BatchPlan(decode_seqs=n, num_sampled=n, deferred_decodes=n)
-        predict = getattr(engine.backend, "predict", None)  # (sim.core.Backend)
-        if predict is None:
-            predict = lambda plan: engine.execute(plan).duration_s  # noqa: E731
-        self.ends: list[float] = []
-        self.durations: list[float] = []
-        end = start_s
-        for j in range(num_steps):  # the plan each step would be given
-            plan.decode_context = context + n * j
-            plan.decode_context_max = context_max + j
-            duration = predict(plan)
-            end = end + duration
-            self.durations.append(duration)
-            self.ends.append(end)
-            if end >= until:
-                break
+        price = getattr(engine.backend, "decode_steps_s", None)  # (sim.core.Backend)
+        if price is not None:
+            durations = price(n, context, num_steps)
+        else:
+            plan = BatchPlan(decode_seqs=n, num_sampled=n, deferred_decodes=n)
+            durations, end = [], start_s
+            for j in range(num_steps):  # the plan each step would be given
+                plan.decode_context = context + n * j
+                plan.decode_context_max = context_max + j
+                durations.append(engine.execute(plan).duration_s)
+                end = end + durations[-1]
+                if end >= until:  # (no plan priced past it: a backend may count them)
+                    break
+        ends = list(accumulate(durations, initial=start_s))  # (the same sums, one by one)
+        del ends[0]
+        last = bisect.bisect_left(ends, until)  # the step in progress at `until`, if any
+        del ends[last + 1:], durations[last + 1:]
+        self.ends, self.durations = ends, durations
         self.n = n
         self.begun = 0  # steps whose start (new blocks) has been applied
         self.ended = 0  # steps whose end (record, step clock) has been applied

@@ -184,5 +184,6 @@ class Backend(Protocol):
     # Optional: `reads_rows = False` says execute needs only a plan's totals and samples no
     # tokens, so the scheduler may leave decode rows out of the plan's lists (sim.deferred).
     # A backend without the attribute gets every row. One with it may also offer
-    # `predict(plan) -> float`, execute's duration alone: quiet runs (sim.coast) price many
-    # steps with it.
+    # `decode_steps_s(rows, context, num_steps) -> list[float]`: the durations execute would
+    # give a run of steps that only decode the same rows (AnalyticCostModel.decode_steps_s),
+    # for quiet runs (sim.coast) to price at once.

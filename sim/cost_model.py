@@ -144,6 +144,27 @@ class AnalyticCostModel:
         return ((compute_s if compute_s > memory_s else memory_s) + comm_s + swap_s
                 + self.overhead_s)
 
+    def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
+        """What predict gives each of num_steps plans that decode the same `rows` rows a
+        token each, over `context` tokens of KV in all at the first and `rows` more at each
+        next: the same terms in the same order, so the same floats (quiet runs price many
+        steps at once, sim.coast)."""
+        if rows < 1:
+            raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
+        per_token = self._compute_s_per_token * rows
+        per_sampled = self._compute_s_per_sampled_row * rows
+        per_pair, weights_s = self._compute_s_per_attn_pair, self._memory_s_weights
+        per_kv, overhead_s = self._memory_s_per_kv_token, self.overhead_s
+        comm_s = (self._comm_s_per_token * rows + self._comm_s_per_sampled_row * rows
+                  + self._comm_s_per_step)
+        durations = []
+        for decode_context in range(context, context + rows * num_steps, rows):
+            compute_s = per_token + per_pair * decode_context + per_sampled
+            memory_s = weights_s + per_kv * (rows + decode_context)
+            durations.append((compute_s if compute_s > memory_s else memory_s) + comm_s
+                             + overhead_s)
+        return durations
+
     def execute(self, plan: BatchPlan) -> StepResult:
         """Backend protocol: the predicted duration, no sampled tokens."""
         return StepResult(duration_s=self.predict(plan))
