@@ -116,14 +116,14 @@ class BlockManager:
             if missing <= 0:
                 return True
             empty = self._empty
+            if missing == 1 and empty and table is not None:  # a decode's next block
+                table.append(empty.pop())  # (the top of the empty stack, as _take takes)
+                return True
             if missing > len(empty) + self.num_blocks - self._next_fresh + len(self._evictable):
                 return False
             if table is None:
                 table = self._tables[request_id] = []
-            if missing == 1 and empty:  # one block off the top of the empty stack
-                table.append(empty.pop())
-            else:
-                self._take(table, missing)
+            self._take(table, missing)
             return True
         if table is not None:
             raise ValueError(f"request {request_id} already holds blocks; a prefix starts a table")

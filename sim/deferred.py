@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import insort
 from collections.abc import Callable
 
 from sim.block_hashes import num_shareable_blocks
@@ -32,11 +33,16 @@ _CACHE, _FINISH = 0, 1  # update events of one row at one step: its block first,
 class _Row:
     """One deferred decode: its length at step s is k + s; it joined at step `start`."""
 
-    __slots__ = ("request", "start", "k", "alive", "shareable")
+    __slots__ = ("request", "key", "start", "k", "alive", "shareable")
 
-    def __init__(self, request: Request, start: int, k: int, shareable: int) -> None:
-        self.request, self.start, self.k, self.alive = request, start, k, True
+    def __init__(self, request: Request, key: object, start: int, k: int,
+                 shareable: int) -> None:
+        self.request, self.key, self.start, self.k, self.alive = request, key, start, k, True
         self.shareable = shareable  # blocks prefix caching may register (block_hashes)
+
+
+def _running_order(row: _Row) -> object:
+    return row.key
 
 
 class DeferredDecodes:
@@ -55,7 +61,10 @@ class DeferredDecodes:
         self._order = itertools.count()
         self.k_sum = 0
         self._k_max: list[tuple[int, object, _Row]] = []  # (-k, key, row), stale entries skipped
-        self._alloc: list[tuple[int, object, _Row]] = []  # (step, key, row): needs a block
+        # Rows by the step (mod block_size) at which each needs a new block: a row of length
+        # k + s at step s does when its KV (k + s - 1 tokens) fills its last. Running order
+        # within each; rows that left are dropped as they are met.
+        self._due: list[list[_Row]] = [[] for _ in range(block_size)]
         self._events: list[tuple[int, object, int, _Row]] = []  # (step, key, kind, row)
         self.counted = False  # whether the plan being built holds the rows in its totals
 
@@ -74,13 +83,13 @@ class DeferredDecodes:
         start = self.step  # (update has moved the step on already)
         k = request.prompt_len + len(request.token_times_s) - start
         key = self.keys[rid]
-        row = _Row(request, start, k, num_shareable_blocks(request, self.block_size))
+        row = _Row(request, key, start, k, num_shareable_blocks(request, self.block_size))
         self.rows[rid] = row
         self.k_sum += k
         heapq.heappush(self._k_max, (-k, key, row))
         bs = self.block_size
-        if self.on_demand:  # it needs a block when its KV (length - 1 tokens) fills the last
-            heapq.heappush(self._alloc, (start + (1 - k - start) % bs, key, row))
+        if self.on_demand:
+            insort(self._due[(1 - k) % bs], row, key=_running_order)
         # Its computed tokens (length after the step) fill a block; only blocks past those
         # computed so far (k + start - 1 tokens, registered up to `shareable`) can join.
         if self.caching and (k + start - 1) // bs < row.shareable:
@@ -146,16 +155,18 @@ class DeferredDecodes:
     def allocate(self, try_allocate: Callable[[str, int], bool], make_room: MakeRoom,
                  plan: BatchPlan) -> None:
         """Give the rows that fill their last block this step a new one, in running order."""
-        step, alloc, bs = self.step, self._alloc, self.block_size
-        while alloc and alloc[0][0] == step:
-            _, key, row = alloc[0]
+        step = self.step
+        rows = self._due[step % self.block_size]
+        left = False
+        for row in rows:
             if row.alive:
                 request = row.request
                 length = row.k + step
                 if try_allocate(request.request_id, length) or make_room(request, length, plan):
-                    heapq.heapreplace(alloc, (step + bs, key, row))  # its next block
                     continue
-            heapq.heappop(alloc)
+            left = True
+        if left:
+            rows[:] = [row for row in rows if row.alive]
 
     def decode_totals(self) -> tuple[int, int, int]:
         """This step's deferred rows: how many, the sum of their lengths, the longest."""
