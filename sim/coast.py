@@ -83,31 +83,35 @@ class QuietRun:
     def apply(self, now: float) -> None:
         """Apply every step start and step end before `now` (an arrival at the instant a
         step ends is delivered first: that step is still in progress)."""
-        engine, scheduler, ends = self.engine, self.engine.scheduler, self.ends
+        engine, ends, first = self.engine, self.ends, self.ended
+        scheduler = engine.scheduler
         deferred, bm = scheduler.deferred, scheduler.block_manager
-        cache_blocks, record = bm.cache_blocks, engine.steps.append
-        n, last = self.n, len(ends)
-        while self.ended < last:
-            j = self.ended
-            if self.begun == j:
-                if (ends[j - 1] if j else self.start_s) >= now:
-                    return
-                deferred.allocate(bm.try_allocate, _no_room, None)
-                self.begun = j + 1
-            end = ends[j]
-            if end >= now:
-                return
-            finished = deferred.update(end, cache_blocks)  # (only at the run's last step)
-            if finished:
-                scheduler.finish_deferred(finished, end)
-                for request in finished:
-                    engine.backend.free(request)
-            record(step_record((ends[j - 1] if j else self.start_s, self.durations[j], n, n, 0,
-                                n, 0, bm.num_used_blocks, len(scheduler.waiting),
-                                len(scheduler.running), 0)))
-            self.ended = j + 1
-            if self.on_step is not None:
-                self.on_step(end, finished)
+        done = bisect.bisect_left(ends, now)  # steps that end before now
+        if first < done:
+            allocate, update, cache_blocks = deferred.allocate, deferred.update, bm.cache_blocks
+            try_allocate, record, on_step = bm.try_allocate, engine.steps.append, self.on_step
+            durations, n, begun = self.durations, self.n, self.begun
+            start = ends[first - 1] if first else self.start_s
+            for j in range(first, done):
+                if j >= begun:  # its new blocks, at its start
+                    allocate(try_allocate, _no_room, None)
+                end = ends[j]
+                finished = update(end, cache_blocks)  # (only at the run's last step)
+                if finished:
+                    scheduler.finish_deferred(finished, end)
+                    for request in finished:
+                        engine.backend.free(request)
+                record(step_record((start, durations[j], n, n, 0, n, 0, bm.num_used_blocks,
+                                    len(scheduler.waiting), len(scheduler.running), 0)))
+                start = end
+                if on_step is not None:
+                    on_step(end, finished)
+            self.ended = done
+            self.begun = max(begun, done)
+        # The step in progress at `now` began if the one before it ended before now.
+        if self.begun == done < len(ends) and (ends[done - 1] if done else self.start_s) < now:
+            deferred.allocate(bm.try_allocate, _no_room, None)
+            self.begun = done + 1
 
     def cut(self, now: float) -> None:
         """A request joins the engine at `now`: the run stops with the step in progress."""

@@ -93,7 +93,7 @@ class Scheduler:
         max_new_tokens (DeferredDecodes.update returned them), as update would."""
         for request in finished:
             self._finish(request, FinishReason.LENGTH, now)
-        self.running = [r for r in self.running if r.status is _RUNNING]
+            self.running.remove(request)
 
     # ---- requests in and out -------------------------------------------------------------
 
