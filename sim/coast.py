@@ -1,16 +1,19 @@
 """Quiet steps: a run of an engine's steps priced at once, applied as time reaches them.
 
-Between the steps where something happens to a request (an arrival admitted, a prefill
-chunk, a preemption, a finish, a block registered in the prefix cache), an engine that
-defers its decode rows (sim.deferred) only decodes them: each step's plan is the one before
-with every row a token longer, and its one effect is a new KV block for the rows that fill
-their last. A replay prices such a run of steps in one go instead of scheduling, executing
-and recording each: one engine's replay runs it up to the step in progress when the next
-request arrives (it knows when); in a cluster, the engine sleeps once, until the last ends.
+Between the steps where the scheduler decides something (an arrival admitted, a prefill
+chunk, a preemption), an engine that defers its decode rows (sim.deferred) only decodes
+them: each step's plan is the one before with every row a token longer, and its one effect
+is a new KV block for the rows that fill their last, up to the step at whose end rows
+finish or register a block in the prefix cache, which ends the run. A replay prices such
+a run of steps in one go (the backend's decode_steps_s where it has one) instead of
+scheduling, executing and recording each: one engine's replay runs it up to the step in
+progress when the next request arrives (it knows when); in a cluster, the engine sleeps
+once, until the last ends.
 
-The steps' effects (blocks at each start, a step record and a step clock tick at each end)
-are applied only when time passes them (`apply`), so a router that reads KV usage or the
-prefix cache at an arrival sees them as of that instant, and an arrival routed to the engine
+The steps' effects (blocks at each start, a step record and a step clock tick at each end,
+the last one's finishes and registrations) are applied only when time passes them (`apply`),
+so a router that reads the engine's load at an arrival sees them as of that instant (rows
+finish only at a run's end, when its engine wakes), and an arrival routed to the engine
 cuts the run at the step in progress (`cut`): the next step, which admits it, starts when
 that one ends, exactly as if every step had been an event. tests/sim/test_coast.py holds
 both replays to the decisions of stepping one event at a time, arrivals on step ends too.
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from itertools import accumulate
 from collections.abc import Callable
+from itertools import accumulate
 
 from sim.core import BatchPlan, Request
 from sim.engine import Engine, step_record
