@@ -123,7 +123,8 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             if self._static:  # like any finished row: padding, KV held until the batch ends
-                self._pad(request, reason)
+                del self._live[request_id]
+                self._padding.add(request, reason)
                 request.finish_s = now
                 return request
         else:
@@ -318,8 +319,9 @@ class Scheduler:
                     continue
                 reason = FinishReason.LENGTH
             finished.append(request)
-            if static:
-                self._pad(request, reason)
+            if static:  # the row stays in the batch as padding (sim.static_padding)
+                del self._live[request.request_id]
+                self._padding.add(request, reason)
             else:
                 self._finish(request, reason, now)
         if finished:
@@ -329,13 +331,6 @@ class Scheduler:
                 return self._padding.release(now, self.block_manager)
             return []
         return finished
-
-    def _pad(self, request: Request, reason: FinishReason) -> None:
-        """Static: a finished row stays in the batch as padding (sim.static_padding)."""
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        del self._live[request.request_id]
-        self._padding.add(request)
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         request.status = RequestStatus.FINISHED

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sim.block_manager import BlockManager
-from sim.core import BatchPlan, Request
+from sim.core import BatchPlan, FinishReason, Request, RequestStatus
 from sim.plan import add_decodes, add_to_plan
 
 if TYPE_CHECKING:
@@ -48,7 +48,10 @@ class Padding:
     context: int = 0  # sum of the rows' KV lengths
     context_max: int = 0  # longest row KV length
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, reason: FinishReason) -> None:
+        """request finished (for `reason`): it stays in the batch until the batch ends."""
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
         self.rows.append(request)
         ctx = request.prompt_len + len(request.token_times_s)
         self.context += ctx
