@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from itertools import pairwise
 
 import pytest
 
@@ -118,18 +119,19 @@ def test_execute_is_a_backend_step(h100: AnalyticCostModel) -> None:
     h100.free(Request("r", 0.0, 10, 10))  # no state to forget: must not raise
 
 
-@pytest.mark.parametrize("tp", [1, 4])
-def test_decode_steps_are_priced_to_the_bit_as_their_plans(tp: int) -> None:
+@pytest.mark.parametrize(("tp", "crossing"), [(1, 256 * 64), (4, 256 * 256)])
+def test_decode_steps_are_priced_to_the_bit_as_their_plans(tp: int, crossing: int) -> None:
     model = AnalyticCostModel.preset("llama-3-70b" if tp > 1 else "llama-3-8b", "h100", "bf16",
                                      tensor_parallel=tp)
-    for rows, context in [(1, 7), (3, 100), (28, 30_000), (256, 1_000_000)]:
+    for rows, context in [(1, 7), (3, 100), (28, 30_000), (256, crossing)]:
         durations = model.decode_steps_s(rows, context, 40)
         plans = [BatchPlan(decode_seqs=rows, num_sampled=rows, deferred_decodes=rows,
                            decode_context=context + rows * j) for j in range(40)]
         assert durations == [model.predict(plan) for plan in plans]  # exact, not approximate
-    # Large batches cross from memory- to compute-bound within the run.
-    long = model.decode_steps_s(512, 512 * 8_000, 40)
-    assert long == sorted(long) and long[0] < long[-1]
+    # 256 rows over `crossing` tokens turn from compute- to memory-bound within the run: the
+    # time per step grows at two rates, and both branches were priced above.
+    growth = [b - a for a, b in pairwise(durations)]
+    assert max(growth) > 2 * min(growth) > 0
     with pytest.raises(ValueError, match="rows must be >= 1"):
         model.decode_steps_s(0, 0, 4)
 
