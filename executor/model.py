@@ -31,10 +31,21 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.native = False  # servelab's row ops (set by Transformer.pack_weights)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, dim]; HF's h * rsqrt(mean(h^2) + eps) op for op (F.rms_norm gives the same
-        # bits but took ~4x longer on the decode steps' small row counts)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x) [T, dim]; given the residual stream, (norm(residual + x), residual + x)."""
+        if residual is None:
+            return torch.ops.servelab.rms_norm(x, self.weight, self.eps) if self.native \
+                else self._norm(x)
+        if self.native:
+            return torch.ops.servelab.add_rms_norm(x, residual, self.weight, self.eps)
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # HF's h * rsqrt(mean(h^2) + eps) op for op (F.rms_norm gives the same bits but took
+        # ~4x longer on the decode steps' small row counts)
         h = x.float()
         inv = torch.mean(h * h, dim=-1, keepdim=True).add_(self.eps).rsqrt_()
         return self.weight * (h * inv).to(x.dtype)
@@ -92,15 +103,16 @@ class Attention(nn.Module):
                 inputs: StepInputs, cache: torch.Tensor) -> torch.Tensor:
         p, t, h, d = x.shape[0], inputs.num_tokens, self.n_heads, self.head_dim
         qkv = self.wqkv(x)  # [P, (H + 2 Hkv) * D]; rows past T are padding
+        if inputs.tables is not None:  # the native kernels: RoPE + KV write, paged attention
+            q = torch.ops.servelab.rope_write_kv(qkv, cos, sin, cache, inputs.slots, t, h)
+            out = torch.ops.servelab.paged_attention(
+                q, cache, inputs.tables, inputs.row_seq, inputs.positions, t, self.scale,
+                self.window)
+            return self.wo(out)
         qk = apply_rope(qkv[:, :self.qk_dim].view(p, h + self.n_kv_heads, d), cos, sin)
         v = qkv[:, self.qk_dim:].view(p, self.n_kv_heads, d)  # [P, Hkv, D]
         write_kv(cache, qk[:t, h:], v[:t], inputs.slots)
-        if inputs.tables is not None:  # the native kernel reads the block tables itself
-            out = torch.ops.servelab.paged_attention(
-                qk[:, :h], cache, inputs.tables, inputs.row_seq, inputs.positions, t,
-                self.scale, self.window)
-        else:
-            out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale, t)  # [P, H*D]
+        out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale, t)  # [P, H*D]
         return self.wo(out)
 
 
@@ -112,9 +124,13 @@ class FeedForward(nn.Module):
         self.hidden = args.intermediate_size
         self.w_gate_up = Linear(args.dim, 2 * args.intermediate_size)
         self.w_down = Linear(args.intermediate_size, args.dim)
+        self.native = False  # servelab's row ops (set by Transformer.pack_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).split(self.hidden, dim=-1)  # [T, I] x2
+        gate_up = self.w_gate_up(x)  # [T, 2 I]
+        if self.native:
+            return self.w_down(torch.ops.servelab.silu_mul(gate_up))
+        gate, up = gate_up.split(self.hidden, dim=-1)  # [T, I] x2
         return self.w_down(F.silu(gate) * up)
 
 
@@ -128,10 +144,18 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.rms_norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                inputs: StepInputs, cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, inputs, cache)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, inputs: StepInputs,
+                cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this block's output, the residual stream before it is added): the next norm
+        adds them, so the add and the norm are one native op."""
+        if residual is None:  # the first block: x is the embedding, the stream so far
+            h, residual = self.attention_norm(x), x
+        else:
+            h, residual = self.attention_norm(x, residual)
+        h = self.attention(h, cos, sin, inputs, cache)
+        h, residual = self.ffn_norm(h, residual)
+        return self.feed_forward(h), residual
 
 
 class Transformer(nn.Module):
@@ -167,11 +191,13 @@ class Transformer(nn.Module):
         x = F.embedding(inputs.token_ids, self.tok_embeddings)  # [P, dim]
         cos, sin = self.rope_tables(x.device, x.dtype)
         cos, sin = cos[inputs.positions], sin[inputs.positions]  # [P, D/2]
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, inputs, kv.layer(i))
+            x, residual = layer(x, residual, cos, sin, inputs, kv.layer(i))
         if inputs.logit_rows.numel() == 0:  # only mid-prompt chunks: nothing samples
             return x.new_empty(0, self.args.vocab_size, dtype=torch.float32)
-        x = self.norm(x.index_select(0, inputs.logit_rows))  # [S, dim]
+        rows = inputs.logit_rows
+        x, _ = self.norm(x.index_select(0, rows), residual.index_select(0, rows))  # [S, dim]
         return self.output(x).float()  # [S, vocab]
 
     def linears(self) -> list[Linear]:
@@ -181,8 +207,11 @@ class Transformer(nn.Module):
         """Prepack every linear for the batch-invariant CPU path (after loading weights)."""
         for linear in self.linears():
             linear.pack()
-        # Native attention goes with native linears: CPU float32 and the kernels built.
+        # Native attention and row ops go with native linears: CPU float32, the kernels built.
         self.native = self.output.is_native and self.args.head_dim % 8 == 0
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, FeedForward)):
+                module.native = self.native
 
 
 def init_weights(model: Transformer, seed: int) -> None:

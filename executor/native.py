@@ -26,8 +26,10 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-# The ops and tiling, then the inner loops per ISA (kernels.h is what they share).
-SOURCES = [CSRC / "kernels.cpp", CSRC / "kernels_avx2.cpp", CSRC / "kernels_avx512.cpp"]
+# The ops and tiling, a layer's row-wise ops, then the inner loops per ISA (kernels.h is what
+# they share).
+SOURCES = [CSRC / "kernels.cpp", CSRC / "layers.cpp", CSRC / "kernels_avx2.cpp",
+           CSRC / "kernels_avx512.cpp"]
 # The GEMM's row tiling, passed to kernels.cpp as -D flags. Up to SMALL_ROWS rows it streams
 # every weight whole once per tile of MICRO_ROWS rows; past that it blocks the reduction and
 # packs BLOCK_ROWS rows at a time. A decode step's time therefore climbs in steps with its

@@ -53,4 +53,16 @@ struct HeadTask {
 void attend_head_avx2(const HeadTask& task);
 void attend_head_avx512(const HeadTask& task);
 
+// A decoder layer's row-wise steps between the GEMMs (kernels_avx2.cpp). They run on AVX2 on
+// either ISA, so their bits never depend on it; each reads and writes one row only.
+// out = weight * (x * 1 / sqrt(mean(x^2) + eps)) over dim values, HF's RMSNorm op for op
+// except the sum of squares: 8 lane sums in order, then a fixed tree.
+void rms_norm_row(const float* x, const float* weight, int64_t dim, float eps, float* out);
+// out[i] = silu(gate[i]) * up[i].
+void silu_mul_row(const float* gate, const float* up, int64_t n, float* out);
+// Rotary embedding of `heads` vectors of dim values (HF's rotate_half convention) from x to
+// out, both with head stride dim; cos and sin hold dim / 2 values for this row's position.
+void rope_row(const float* x, const float* cos, const float* sin, int64_t heads, int64_t dim,
+              float* out);
+
 }  // namespace servelab

@@ -1,9 +1,11 @@
 // The AVX2 + FMA inner loops (8 float lanes): the GEMM micro-kernel on 16-column weight
-// panels and one KV head of paged attention. Compiled with the extension's -mavx2 -mfma.
+// panels, one KV head of paged attention, and the row-wise steps of a decoder layer (RMSNorm,
+// SiLU-and-multiply, RoPE; these run on either ISA). Compiled with the extension's -mavx2 -mfma.
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels.h"
 
@@ -132,6 +134,74 @@ void attend_head_avx2(const HeadTask& t) {
     int64_t i = 0;
     for (; i + 64 <= d; i += 64) weighted_sum<8>(sg, t.slots, t.nk, t.values + i, d, inv, o + i);
     for (; i < d; i += 8) weighted_sum<1>(sg, t.slots, t.nk, t.values + i, d, inv, o + i);
+  }
+}
+
+void rms_norm_row(const float* x, const float* weight, int64_t dim, float eps, float* out) {
+  const int64_t whole = dim / 8 * 8;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float sum = hsum(acc);
+  for (int64_t i = whole; i < dim; ++i) sum += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+  const __m256 s = _mm256_set1_ps(inv);
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 normed = _mm256_mul_ps(_mm256_loadu_ps(x + i), s);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(weight + i), normed));
+  }
+  for (int64_t i = whole; i < dim; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+namespace {
+
+// silu(g) * u for 8 lanes: g / (1 + e^-g), with e^-|g| so exp_ps stays in its range.
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = exp_ps(_mm256_or_ps(g, sign));  // e^-|g|
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 positive = _mm256_div_ps(g, _mm256_add_ps(one, e));  // g >= 0
+  const __m256 negative = _mm256_div_ps(_mm256_mul_ps(g, e), _mm256_add_ps(one, e));
+  const __m256 silu = _mm256_blendv_ps(positive, negative, g);  // by g's sign bit
+  return _mm256_mul_ps(silu, u);
+}
+
+}  // namespace
+
+void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {  // the last n % 8 through a full vector, so they get the same arithmetic
+    float g[8] = {}, u[8] = {}, o[8];
+    std::copy(gate + i, gate + n, g);
+    std::copy(up + i, up + n, u);
+    _mm256_storeu_ps(o, silu_mul8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+    std::copy(o, o + (n - i), out + i);
+  }
+}
+
+void rope_row(const float* x, const float* cos, const float* sin, int64_t heads, int64_t dim,
+              float* out) {
+  const int64_t half = dim / 2, whole = half / 8 * 8;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* x1 = x + h * dim;
+    const float* x2 = x1 + half;
+    float* o1 = out + h * dim;
+    float* o2 = o1 + half;
+    for (int64_t i = 0; i < whole; i += 8) {  // x1 c - x2 s, x2 c + x1 s
+      const __m256 a = _mm256_loadu_ps(x1 + i), b = _mm256_loadu_ps(x2 + i);
+      const __m256 c = _mm256_loadu_ps(cos + i), s = _mm256_loadu_ps(sin + i);
+      _mm256_storeu_ps(o1 + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+      _mm256_storeu_ps(o2 + i, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+    }
+    for (int64_t i = whole; i < half; ++i) {
+      o1[i] = x1[i] * cos[i] - x2[i] * sin[i];
+      o2[i] = x2[i] * cos[i] + x1[i] * sin[i];
+    }
   }
 }
 
