@@ -1,4 +1,5 @@
-"""servelab's own CPU kernels (csrc/): a float32 linear layer and paged attention.
+"""servelab's own CPU kernels (csrc/): a float32 linear layer, paged attention, and the row-wise
+ops between a layer's GEMMs (RMSNorm, SiLU-and-multiply, RoPE with the KV write).
 
 Built on first use with torch's C++ extension loader (a C++ compiler and ninja; about 20 s
 once, then cached by torch) and used for float32 on x86 CPUs with AVX2 and FMA. The inner
