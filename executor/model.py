@@ -98,21 +98,25 @@ class Attention(nn.Module):
         self.wo = Linear(q_dim, args.dim)
         self.scale = args.head_dim ** -0.5
         self.window = args.sliding_window or 0  # 0: every earlier key is visible
+        self.native = False  # servelab's row ops (set by Transformer.pack_weights)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 inputs: StepInputs, cache: torch.Tensor) -> torch.Tensor:
         p, t, h, d = x.shape[0], inputs.num_tokens, self.n_heads, self.head_dim
         qkv = self.wqkv(x)  # [P, (H + 2 Hkv) * D]; rows past T are padding
-        if inputs.tables is not None:  # the native kernels: RoPE + KV write, paged attention
+        if self.native:  # rotate q and k, store k and v: one call
             q = torch.ops.servelab.rope_write_kv(qkv, cos, sin, cache, inputs.slots, t, h)
+        else:
+            qk = apply_rope(qkv[:, :self.qk_dim].view(p, h + self.n_kv_heads, d), cos, sin)
+            v = qkv[:, self.qk_dim:].view(p, self.n_kv_heads, d)  # [P, Hkv, D]
+            write_kv(cache, qk[:t, h:], v[:t], inputs.slots)
+            q = qk[:, :h]
+        if inputs.tables is not None:  # the native kernel reads the block tables itself
             out = torch.ops.servelab.paged_attention(
                 q, cache, inputs.tables, inputs.row_seq, inputs.positions, t, self.scale,
                 self.window)
-            return self.wo(out)
-        qk = apply_rope(qkv[:, :self.qk_dim].view(p, h + self.n_kv_heads, d), cos, sin)
-        v = qkv[:, self.qk_dim:].view(p, self.n_kv_heads, d)  # [P, Hkv, D]
-        write_kv(cache, qk[:t, h:], v[:t], inputs.slots)
-        out = paged_attention(qk[:, :h], cache, inputs.groups, self.scale, t)  # [P, H*D]
+        else:
+            out = paged_attention(q, cache, inputs.groups, self.scale, t)  # [P, H*D]
         return self.wo(out)
 
 
@@ -209,9 +213,14 @@ class Transformer(nn.Module):
             linear.pack()
         # Native attention and row ops go with native linears: CPU float32, the kernels built.
         self.native = self.output.is_native and self.args.head_dim % 8 == 0
+        self.use_row_ops(self.native)
+
+    def use_row_ops(self, on: bool) -> None:
+        """Run RMSNorm, SiLU-and-multiply and RoPE with the KV write as servelab's native ops
+        (a native model only) or as torch ops (benchmarks/row_ops.py compares the two)."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, FeedForward)):
-                module.native = self.native
+            if isinstance(module, (RMSNorm, Attention, FeedForward)):
+                module.native = on and self.native
 
 
 def init_weights(model: Transformer, seed: int) -> None:

@@ -103,7 +103,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // [2 * kv_heads, blocks, block_size, dim] (K heads, then V heads). Query rows past num_tokens
 // (linear-layer padding) are zeros.
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                         at::Tensor cache, const at::Tensor& slots, int64_t num_tokens,
+                         const at::Tensor& cache, const at::Tensor& slots, int64_t num_tokens,
                          int64_t heads) {
   TORCH_CHECK(cache.device().is_cpu() && cache.scalar_type() == at::kFloat &&
                   cache.dim() == 4 && cache.is_contiguous(),

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from executor import native
 from executor.kv_cache import write_kv
 from executor.model import RMSNorm, apply_rope
+from executor.weights import random_model
+from tests.executor.helpers import TINY, Driver, make_request
 
 pytestmark = pytest.mark.skipif(not native.enabled(),
                                 reason="servelab's native CPU kernels are not available")
@@ -119,3 +121,17 @@ def test_row_ops_refuse_inputs_they_cannot_read():
         ops.rope_write_kv(qkv, cos, sin, cache, slots, 4, 1)
     with pytest.raises(RuntimeError, match="cos and sin need 4 rows"):
         ops.rope_write_kv(qkv, cos[:3], sin[:3], cache, slots, 4, 4)
+
+
+def test_a_model_gives_the_same_tokens_with_its_row_ops_native_or_in_torch():
+    model = random_model(TINY, seed=0)
+    assert model.native
+    logits = []
+    for on in (True, False):
+        model.use_row_ops(on)
+        driver, request = Driver(model), make_request("a", 40, 3)
+        # the second chunk reads the KV the first one wrote
+        logits.append(torch.cat([driver.step([(request, 30)]), driver.step([(request, 10)])]))
+    model.use_row_ops(True)
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
