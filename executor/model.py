@@ -31,7 +31,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.native = False  # servelab's row ops (set by Transformer.pack_weights)
+        self.native = False  # servelab's row ops (Transformer.use_row_ops)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x) [T, dim]; given the residual stream, (norm(residual + x), residual + x)."""
@@ -98,7 +98,7 @@ class Attention(nn.Module):
         self.wo = Linear(q_dim, args.dim)
         self.scale = args.head_dim ** -0.5
         self.window = args.sliding_window or 0  # 0: every earlier key is visible
-        self.native = False  # servelab's row ops (set by Transformer.pack_weights)
+        self.native = False  # servelab's row ops (Transformer.use_row_ops)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 inputs: StepInputs, cache: torch.Tensor) -> torch.Tensor:
@@ -128,7 +128,7 @@ class FeedForward(nn.Module):
         self.hidden = args.intermediate_size
         self.w_gate_up = Linear(args.dim, 2 * args.intermediate_size)
         self.w_down = Linear(args.intermediate_size, args.dim)
-        self.native = False  # servelab's row ops (set by Transformer.pack_weights)
+        self.native = False  # servelab's row ops (Transformer.use_row_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.w_gate_up(x)  # [T, 2 I]
