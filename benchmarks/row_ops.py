@@ -11,7 +11,6 @@ Run: python benchmarks/row_ops.py [--repeats 8] [--threads N]
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -28,13 +27,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     args = parse_args()
     threads = configure_cpu_threads(args.threads)
@@ -43,6 +35,7 @@ def main() -> None:
     from peer_workload import peer_workload
 
     from executor.backend import load_model
+    from executor.loading import cpu_model
 
     model = load_model("peer-45m")
     if not model.native:
