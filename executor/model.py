@@ -35,11 +35,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x) [T, dim]; given the residual stream, (norm(residual + x), residual + x)."""
+        ops = torch.ops.servelab
         if residual is None:
-            return torch.ops.servelab.rms_norm(x, self.weight, self.eps) if self.native \
-                else self._norm(x)
+            return ops.rms_norm(x, self.weight, self.eps) if self.native else self._norm(x)
         if self.native:
-            return torch.ops.servelab.add_rms_norm(x, residual, self.weight, self.eps)
+            return ops.add_rms_norm(x, residual, self.weight, self.eps)
         residual = residual + x
         return self._norm(residual), residual
 
