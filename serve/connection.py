@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import aiohttp
 
@@ -59,7 +60,8 @@ class _Attempt:
     reused: bool = False
 
 
-async def _mark_reused(_session: aiohttp.ClientSession, context, _params) -> None:
+async def _mark_reused(_session: aiohttp.ClientSession, context: SimpleNamespace,
+                       _params: aiohttp.TraceConnectionReuseconnParams) -> None:
     if isinstance(context.trace_request_ctx, _Attempt):
         context.trace_request_ctx.reused = True
 
@@ -71,6 +73,8 @@ def never_reached_server(exc: BaseException, reused: bool) -> bool:
 
     A fresh connection closed without an answer is the server's doing (it may have started
     the request), and so is anything after a byte of the response: neither is sent again.
+    A pooled connection closed without a byte is taken for the idle close it nearly always
+    is; a server that read a request there and then died before answering would see it twice.
     """
     if isinstance(exc, aiohttp.ClientSSLError):
         return False  # a certificate does not change on a second try
@@ -92,7 +96,7 @@ async def post_once_more_if_unsent(client: aiohttp.ClientSession,
     once more on a new connection (`fresh`, a session that never pools: a second stale
     connection cannot be picked); the response (status and headers read) and whether it
     took the second try. Like HTTP clients that retry a request on a reused connection only
-    when nothing of it was processed (RFC 9112 9.3.1), never twice."""
+    when nothing of it was processed (RFC 9112 9.3.1.1), never twice."""
     attempt = _Attempt()
     try:
         return await client.post(path, json=payload, trace_request_ctx=attempt), False
