@@ -56,7 +56,7 @@ def test_sigkill_mid_flight_keeps_every_arrival_and_each_finish(tmp_path):
                    for body, event in zip(long, started, strict=True)]
             done = await asyncio.gather(*(stream(client, body) for body in short))
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
-            committed = await _committed(log, len(short) + len(long), 5.0)
+            committed = await _committed(log, len(short) + len(long), 30.0)  # a hang guard
             server.proc.send_signal(signal.SIGKILL)  # the long ones are still streaming
             return done, await asyncio.gather(*cut), committed
 
@@ -67,7 +67,7 @@ def test_sigkill_mid_flight_keeps_every_arrival_and_each_finish(tmp_path):
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait(10)
-    assert committed, "arrivals not committed within 5 s"
+    assert committed, "arrivals not committed within 30 s"
     assert all(finish == "length" for _, finish in done)
     assert all(finish is None for _, finish in cut)
     with sqlite3.connect(log) as db:
