@@ -143,17 +143,12 @@ class StepGate:
         with self._cond:
             if not self._cond.wait_for(lambda: self._open or self._permits > 0, self._wait_s):
                 raise TimeoutError(f"step gate: no permit within {self._wait_s} s")
-            self._permits -= not self._open
+            if not self._open:
+                self._permits -= 1
         return self.backend.execute(plan)
 
     def free(self, request: Request) -> None:
         self.backend.free(request)
-
-    def allow(self, steps: int = 1) -> None:
-        with self._cond:
-            self._permits += steps
-            self.allowed += steps
-            self._cond.notify_all()
 
     def open(self) -> None:
         """Let every step run from now on."""
@@ -172,7 +167,9 @@ class StepGate:
                     assert self.allowed < max_steps, f"{what}: not so after {max_steps} steps"
                     self._permits, self.allowed = 1, self.allowed + 1
                     self._cond.notify_all()
-            time.sleep(0.01)
+            # 50 ms a step: what done() waits on (a disconnect noticed, say) gets seconds
+            # before max_steps run out, while a test needs only a handful of steps.
+            time.sleep(0.05)
 
     def __enter__(self) -> StepGate:
         return self
