@@ -10,7 +10,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from serve.route import RouteConfig, RouterThread
+from serve.api import BODY_PARSERS, build_app
+from serve.route import RouteConfig, RouterThread, build_route_app
+from serve.route_proxy import RouteState
 from sim.router import ROUTERS, RouterConfig
 from tests.serve.helpers import health, start_server
 
@@ -160,3 +162,13 @@ def test_a_body_the_parser_accepts_is_forwarded_unchanged_and_answered_upstream(
     got = answers(urls, b'{"prompt": "hi", "model": "gpt-9", "max_tokens": 1}')
     assert got["serve"][0] == 404 and got["serve"][1]["error"]["param"] == "model"
     assert all(answer == got["serve"] for answer in got.values()), got
+
+
+def test_serve_and_route_post_exactly_the_paths_that_have_a_shared_body_parser(tiny_model):
+    def post_paths(app) -> set[str]:
+        return {r.path for r in app.routes if "POST" in getattr(r, "methods", ())}
+
+    with start_server(tiny_model) as server:
+        serve_app = build_app(server.state)
+    route_app = build_route_app(RouteState.create(RouteConfig(("http://127.0.0.1:1",))))
+    assert post_paths(serve_app) == post_paths(route_app) == set(BODY_PARSERS)
