@@ -79,8 +79,8 @@ def _number_error(data: dict[str, Any]) -> ApiError | None:
     """A 400 naming the shallowest place in `data` holding a _BadNumber; None if a repeated
     key replaced every one (JSON keeps a key's last value). Breadth-first without recursion:
     the body may nest as deep as the parser allowed."""
-    # (container, its path, the top-level field it is in)
-    pending: deque[tuple[dict | list, str, str]] = deque([(data, "", "")])
+    # (container, its path, the top-level field it is in: None for the body itself)
+    pending: deque[tuple[dict | list, str, str | None]] = deque([(data, "", None)])
     while pending:
         container, path, param = pending.popleft()
         items = container.items() if isinstance(container, dict) else enumerate(container)
@@ -90,8 +90,10 @@ def _number_error(data: dict[str, Any]) -> ApiError | None:
             if isinstance(container, list):
                 place = f"{path}[{key}]"
             else:
-                place = f"{path}.{key}" if path else key
+                name = key or '""'  # JSON allows an empty name
+                place = f"{path}.{name}" if path else name
+            field = key if param is None else param
             if isinstance(value, _BadNumber):
-                return ApiError(400, f"{place}: {value.reason}", param=param or key)
-            pending.append((value, place, param or key))
+                return ApiError(400, f"{place}: {value.reason}", param=field)
+            pending.append((value, place, field))
     return None

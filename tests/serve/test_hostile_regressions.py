@@ -103,6 +103,7 @@ def test_integer_of_too_many_digits_is_400_naming_the_field(urls, raw, param, pl
     pytest.param(b'{"prompt": "hi", "top_p": -1e400}', "top_p", id="negative-overflow"),
     pytest.param(b'{"prompt": "hi", "extra": NaN}', "extra", id="nan-unknown-field"),
     pytest.param(b'{"prompt": "hi", "seed": Infinity}', "seed", id="infinity"),
+    pytest.param(b'{"prompt": "hi", "": {"a": NaN}}', "", id="field-named-empty"),
     pytest.param(b'{"prompt": "hi", "priority": 18446744073709551616}', "priority",
                  id="priority-past-64-bits"),
     pytest.param(b'{"prompt": "hi", "top_k": 18446744073709551616}', "top_k",
