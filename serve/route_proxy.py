@@ -10,7 +10,6 @@ connection, which is how a vLLM-style server learns to abort the request.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -20,7 +19,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from serve.api import check_bearer
+from serve.api import check_bearer, parse_body
 from serve.completions import read_body
 from serve.protocol import ApiError, error_body, sse
 from serve.route_prefix import PrefixIndex, PromptBlocks, kv_tokens_estimate, prompt_blocks
@@ -117,10 +116,7 @@ async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
     """POST `path` to the chosen upstream (retried once elsewhere if refused) and relay it."""
     authorize(state, http)
     raw = await read_body(http, state.config.max_body_bytes)
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON ({exc})") from None
+    body = parse_body(path, raw)  # refused here as the upstream would; forwarded as sent
     blocks = None
     if state.router.needs_prefix:
         blocks = prompt_blocks(body, state.config.prefix_block_tokens)
