@@ -82,7 +82,6 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
             "cluster": None if cluster is None else asdict(cluster),
         },
         "results": results,
-        "deployment_spec": deployment.to_dict(),
     }
     if cluster is not None:
         payload["replicas"] = {p: outcomes[p].replicas.to_dict("records") for p in policies}
@@ -92,8 +91,8 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.out is not None:
         _write_out(args.out, trace.name, outcomes)
         write_json_atomic(args.out / "summary.json", payload)
-    if args.json is not None:
-        write_json_atomic(args.json, payload)
+    if args.json is not None:  # the deployment whole; summary.json keeps its keys
+        write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
 
 
