@@ -108,3 +108,23 @@ def test_hardware_and_models_list_what_the_flags_take(capsys) -> None:
     assert main(["models"]) == 0
     listing = capsys.readouterr().out
     assert "Qwen/Qwen3-235B-A22B" in listing and "llama-3-8b" in listing
+
+
+def test_plan_searches_data_parallel_with_experts_for_an_moe_model(tmp_path: Path,
+                                                                   capsys) -> None:
+    argv = ["plan", "--trace", "synthetic:n=200,rate=8,prompt=fixed(500),output=fixed(32)",
+            "--model", "Qwen/Qwen3-30B-A3B", "--hardware", "rtx-pro-6000", "--tp", "1",
+            "--pd-ratios", "", "--workers", "1", "--top", "10", "--rate-range", "1,2",
+            "--json", str(tmp_path / "plan.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = json.loads((tmp_path / "plan.json").read_text())["cheapest"]
+    by_dp = {row["dp"]: row for row in rows}
+    assert set(by_dp) == {1, 2, 4}
+    assert "--enable-expert-parallel" in by_dp[2]["simulate_args"]
+    assert by_dp[4]["gpus"] == 4 * by_dp[4]["scale"]
+
+
+def test_plan_refuses_data_parallel_for_a_dense_model(capsys) -> None:
+    argv = ["plan", "--trace", TINY, "--data-parallel-size", "1,2"]
+    assert main(argv) == 2
+    assert "no experts" in capsys.readouterr().err
