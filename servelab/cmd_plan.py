@@ -11,7 +11,9 @@ from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.cluster import DEFAULT_KV_LINK_GBPS
+from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.hardware import HARDWARE_SPECS
+from sim.model_config import resolve_model
 from sim.router import ROUTERS
 from sweeps.grid import CapacitySlo, find_capacity
 from sweeps.plan import (
@@ -39,16 +41,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
     slo.add_argument("--slo-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
     space = plan.add_argument_group("search space (comma-separated lists)")
-    space.add_argument("--model", default="llama-3-8b", help="model shape preset")
-    space.add_argument("--dtype", default="bf16")
-    space.add_argument("--hardware", default=",".join(HARDWARE_SPECS), help="GPU presets")
-    space.add_argument("--tp", default="1,2,4,8", help="tensor-parallel degrees")
+    space.add_argument("--model", default="llama-3-8b",
+                       help="a preset, a shipped Hugging Face id, or a config.json path")
+    space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
+    space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
+                       help="GPU presets or files (default: every shipped GPU)")
+    space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
+                       help="tensor-parallel degrees")
+    space.add_argument("--data-parallel-size", "--dp", dest="dp", default=None,
+                       help="data-parallel degrees, experts sharded over them (vLLM's "
+                            "--enable-expert-parallel); default 1,2,4 for an MoE model, "
+                            "else 1")
     space.add_argument("--routers", default="least-requests", help=", ".join(ROUTERS))
     space.add_argument("--pd-ratios", default="1:1,1:3",
                        help="prefill:decode ratios tried besides co-located ('' for none)")
     space.add_argument("--policies", default="chunked")
     space.add_argument("--max-num-seqs", default="256")
-    space.add_argument("--token-budgets", default="2048", help="per-step token budgets")
+    space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
+                       default="2048", help="per-step token budgets")
     space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
     space.add_argument("--gpu-prices", default="",
                        help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
@@ -56,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fixed.add_argument("--block-size", type=int, default=16)
     fixed.add_argument("--max-model-len", type=int, default=None)
     fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
+    fixed.add_argument("--gpu-memory-utilization", type=float,
+                       default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                       help="fraction of each GPU for weights, activations and KV (vLLM's)")
     add_prefix_caching_arg(fixed)
     out = plan.add_argument_group("output and where")
     out.add_argument("--top", type=int, default=5, help="cheapest deployments listed")
@@ -91,11 +104,16 @@ def _families(args: argparse.Namespace) -> list[Family]:
         if router not in ROUTERS:
             raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
     shapes = [None, *(parse_pd(r) for r in _list(args.pd_ratios))]
-    return [Family(hw, tp, router, pd, policy, seqs, budget)
-            for hw in _list(args.hardware) for tp in _list(args.tp, int)
+    moe = resolve_model(args.model).is_moe
+    dps = _list(args.dp or ("1,2,4" if moe else "1"), int)
+    if any(dp > 1 for dp in dps) and not moe:
+        raise ValueError(f"--data-parallel-size: {args.model} has no experts to shard; "
+                         "replicas already search data parallelism")
+    return [Family(hw, tp, router, pd, policy, seqs, budget, dp)
+            for hw in _list(args.hardware) for tp in _list(args.tp, int) for dp in dps
             for router in _list(args.routers) for pd in shapes
             for policy in _list(args.policies) for seqs in _list(args.max_num_seqs, int)
-            for budget in _list(args.token_budgets, int)]
+            for budget in _list(args.token_budgets, int) if pd is None or dp == 1]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -104,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     trace = load_trace_from_args(args)
     context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
-                          args.enable_prefix_caching)
+                          args.enable_prefix_caching, args.gpu_memory_utilization)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")
@@ -137,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
 def _family(row: dict) -> Family:
     pd_ratio = None if not row["pd"] else tuple(v // row["scale"] for v in parse_pd(row["pd"]))
     return Family(row["hardware"], row["tp"], row["router"], pd_ratio, row["policy"],
-                  row["max_num_seqs"], row["token_budget"])
+                  row["max_num_seqs"], row["token_budget"], row.get("dp", 1))
 
 
 def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], probes: int) -> None:

@@ -17,6 +17,12 @@ from dataclasses import asdict, dataclass, field
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cost_model import AnalyticCostModel
+from sim.deployment import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    Deployment,
+    DeploymentOptions,
+    build_deployment,
+)
 from sim.hardware import gpu_hour_usd
 from sim.metrics import summarize
 from sim.policy_runs import run_deployment
@@ -41,13 +47,17 @@ class Family:
     policy: str = "chunked"
     max_num_seqs: int = 256
     token_budget: int | None = None
+    # Data-parallel engines per group, an MoE model's experts sharded over all of their
+    # GPUs (vLLM's --data-parallel-size with --enable-expert-parallel); 1: plain replicas.
+    dp: int = 1
 
     def engines_per_scale(self) -> int:
-        return 1 if self.pd is None else self.pd[0] + self.pd[1]
+        return self.dp if self.pd is None else self.pd[0] + self.pd[1]
 
     def label(self) -> str:
         shape = "co-located" if self.pd is None else f"P/D {self.pd[0]}:{self.pd[1]}"
-        return f"{self.hardware} tp{self.tp} {shape} {self.router}"
+        parallel = f"tp{self.tp}" + (f" dp{self.dp}+ep" if self.dp > 1 else "")
+        return f"{self.hardware} {parallel} {shape} {self.router}"
 
 
 @dataclass(frozen=True)
@@ -72,25 +82,33 @@ class PlanContext:
     max_model_len: int | None = None  # None: the model's, at most 8192
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+
+    def resolved(self, family: Family) -> Deployment:
+        """One engine of the family as a Deployment (its cost model and KV pool)."""
+        return build_deployment(DeploymentOptions(
+            self.model, family.hardware, self.dtype, family.tp, family.dp,
+            expert_parallel=family.dp > 1, block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization))
 
     def backend(self, family: Family) -> AnalyticCostModel:
-        return AnalyticCostModel.preset(self.model, family.hardware, self.dtype,
-                                        tensor_parallel=family.tp)
+        return self.resolved(family).cost_model
 
     def deployment(self, point: PlanPoint) -> tuple[AnalyticCostModel, SchedulerConfig,
                                                      ClusterConfig]:
         """The cost model, each engine's scheduler config and the cluster of a point."""
-        family, backend = point.family, self.backend(point.family)
-        spec = backend.model
+        family = point.family
+        deployment = self.resolved(family)
+        backend, spec = deployment.cost_model, deployment.model
         config = SchedulerConfig(
-            policy=family.policy, num_blocks=backend.kv_pool_blocks(self.block_size),
+            policy=family.policy, num_blocks=deployment.kv_pool.num_blocks,
             block_size=self.block_size, max_num_seqs=family.max_num_seqs,
             max_model_len=self.max_model_len or min(spec.max_position_embeddings,
                                                     DEFAULT_MAX_MODEL_LEN),
             token_budget=family.token_budget, enable_prefix_caching=self.enable_prefix_caching)
         prefill, decode = (0, 0) if family.pd is None else family.pd
         cluster = ClusterConfig(
-            num_replicas=point.scale if family.pd is None else 1,
+            num_replicas=point.scale * family.dp if family.pd is None else 1,
             router=RouterConfig(family.router), num_prefill=prefill * point.scale,
             num_decode=decode * point.scale, kv_link_gbps=self.kv_link_gbps,
             kv_bytes_per_token=spec.kv_bytes_per_token(backend.dtype_bytes))
@@ -126,7 +144,7 @@ def fitting_families(context: PlanContext, families: Sequence[Family]
     kept, skipped = [], []
     for family in families:
         try:
-            context.backend(family).kv_pool_blocks(context.block_size)
+            context.resolved(family)
         except ValueError as exc:
             skipped.append(f"{family.label()}: {exc}")
         else:
@@ -177,12 +195,15 @@ def cheapest(rows: Sequence[dict], per: str | None = None) -> list[dict]:
 def simulate_args(row: dict, context: PlanContext) -> list[str]:
     """The `servelab simulate` flags (trace flags aside) that replay one planned deployment
     on its own."""
-    size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"])]
+    dp = row.get("dp", 1)
+    size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"] // dp)]
+    dp = ["--data-parallel-size", str(dp), "--enable-expert-parallel"] if dp > 1 else []
     budget = ["--token-budget", str(row["token_budget"])] if row["token_budget"] else []
     caching = [] if context.enable_prefix_caching else ["--no-enable-prefix-caching"]
     return ["--model", context.model, "--dtype", context.dtype, "--hardware",
-            row["hardware"], "--tp", str(row["tp"]), *size, "--router", row["router"],
+            row["hardware"], "--tp", str(row["tp"]), *size, *dp, "--router", row["router"],
             "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
-            "--block-size", str(context.block_size), "--kv-link-gbps",
+            "--block-size", str(context.block_size), "--gpu-memory-utilization",
+            f"{context.gpu_memory_utilization:g}", "--kv-link-gbps",
             f"{context.kv_link_gbps:g}", *budget, *caching,
             *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else [])]
