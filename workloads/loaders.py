@@ -138,7 +138,7 @@ def read_own_csv(path: Path) -> pd.DataFrame:
     require_columns(rows.columns, OWN_REQUIRED, str(path))
 
     def column(key: str) -> pd.Series:
-        return rows[key].str.split() if key == "prefix_hash_ids" else rows[key]
+        return rows[key].str.split() if key in _LIST_COLUMNS else rows[key]
 
     return _own_table(rows.columns, column, Where(str(path), lines))
 
@@ -187,12 +187,19 @@ def _from_zero(arrival_s: np.ndarray) -> np.ndarray:
     return arrival_s - arrival_s[0]
 
 
+def _as_list_column(values: Sequence, key: str, where: Where) -> pd.Series:
+    return pd.Series(as_hash_lists(values, key, where), dtype=object)
+
+
+_LIST_COLUMNS = ("prefix_hash_ids", "prefix_hash_tokens")
 _OPTIONAL_CONVERTERS = {
     "tenant": as_str,
     "priority": as_int,
-    "prefix_hash_ids": lambda values, key, where: pd.Series(
-        as_hash_lists(values, key, where), dtype=object
-    ),
+    "prefix_hash_ids": _as_list_column,
+    "prefix_hash_tokens": _as_list_column,
+    "session_id": as_str,
+    "turn": as_int,
+    "think_s": as_float,
 }
 
 READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
