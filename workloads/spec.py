@@ -46,8 +46,8 @@ DIST is one of:
   empirical(T)         resample the lengths of trace T (a bundled name or a file); when
                        prompt and output name the same T, whole rows are resampled, so
                        their correlation is kept
-{SHAPES_HELP}Several tenants: parts separated by ';', each KEY=VALUE,... as above with its own tenant=
-(required, unique). Each part is drawn on its own (from --seed and its position), from
+{SHAPES_HELP}Several tenants: parts separated by ';', each KEY=VALUE,... as above with its
+own tenant= (required, unique). Each part is drawn on its own (from --seed and its position), from
 0 s, and the arrivals are merged in time order; if any part sets priority=, the rest get 0.
 Lengths are rounded to integers >= 1; --seed N seeds the generator (same seed, same trace).
 example: synthetic:n=2000,rate=4,arrival=gamma,cv=3,prompt=lognormal(1024,0.8),output=pareto(50,1.5)

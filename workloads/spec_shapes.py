@@ -81,14 +81,13 @@ def parse_stages(text: str, number: Callable, error: type[ValueError]) -> tuple[
                 f"stages={text!r}: stage {index} {piece.strip()!r} is not rate(R,D) "
                 "or concurrency(U,N)"
             )
-        where = f"stages: stage {index} {match.group(1)}"
-        if match.group(1) == "rate":
-            stage = lambda: Stage("rate", number(where, args[0], float),  # noqa: E731
-                                  duration_s=number(where, args[1], float))
+        kind, where = match.group(1), f"stages: stage {index} {match.group(1)}"
+        value = number(where, args[0], int if kind == "concurrency" else float)
+        if kind == "rate":
+            extent = {"duration_s": number(where, args[1], float)}
         else:
-            stage = lambda: Stage("concurrency", number(where, args[0], int),  # noqa: E731
-                                  count=number(where, args[1], int))
-        stages.append(_build(error, f"stages: stage {index}", stage))
+            extent = {"count": number(where, args[1], int)}
+        stages.append(_build(error, where, lambda: Stage(kind, value, **extent)))  # noqa: B023
     return tuple(stages)
 
 
