@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from workloads.files import read_csv_rows, read_first_line, read_json_lines, require_columns
+from workloads.sharegpt import read_sharegpt
 from workloads.sqlite import SQLITE_MAGIC, read_request_log
 from workloads.trace import Trace
 from workloads.validate import (
@@ -61,6 +62,8 @@ def detect_format(path: str | Path) -> str:
     text = first.decode("utf-8", errors="replace").strip()
     if not text:
         raise TraceError(str(path), "file is empty", line=1)
+    if text.startswith("["):
+        return "sharegpt"
     if text.startswith("{"):
         if '"input_length"' in text:
             return "mooncake"
@@ -209,5 +212,6 @@ READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     "jsonl": read_own_jsonl,
     "parquet": read_own_parquet,
     "sqlite": read_request_log,
+    "sharegpt": read_sharegpt,
 }
 FORMATS = tuple(READERS)

@@ -110,6 +110,20 @@ def _cut_segments(ids: list[int], tokens: list[int], prompt_len: int) -> tuple[l
     return kept_ids, kept_tokens
 
 
+def with_hash_block_tokens(trace: Trace, block_tokens: int) -> Trace:
+    """The trace with each prefix hash id covering `block_tokens` prompt tokens (a timed
+    trace's stated block size; Mooncake's is PREFIX_BLOCK_TOKENS), cut at each prompt."""
+    _check_cap("hash block tokens", block_tokens)
+    if not trace.has_prefix_hashes:
+        raise ValueError(f"{trace.name}: has no prefix hash ids for a hash block size to apply to")
+    table = trace.table
+    if "prefix_hash_tokens" in table.columns:
+        raise ValueError(f"{trace.name}: already states the tokens of each prefix hash id")
+    tokens = [[block_tokens] * len(ids) for ids in table["prefix_hash_ids"]]
+    table = table.assign(prefix_hash_tokens=pd.Series(tokens, dtype=object))
+    return Trace(trace.name, _with_prompt_len(table, table["prompt_len"].to_numpy()))
+
+
 @dataclass(frozen=True)
 class TraceTransforms:
     """Transforms applied in this order: time window, first N, rate, length scale, clipping.
