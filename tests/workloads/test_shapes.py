@@ -111,3 +111,12 @@ def test_the_reuse_ceiling_of_inference_perfs_example_is_the_analytic_value():
     # prompt; every later request repeats a whole prompt: 546 // 16 blocks of 16.
     analytic = (9 * 4 * 96 + (n - 45) * 544) / (547 * n)
     assert prefix_reuse_ceiling(trace, 16) == pytest.approx(analytic)
+
+
+def test_the_summary_counts_sessions_turns_and_think_time():
+    from workloads import format_summary, summarize
+
+    trace = open_trace("synthetic:users=10,rate=1,turns=fixed(4),think=fixed(3),prompt=fixed(9)")
+    summary = summarize(trace)
+    assert (summary.sessions, summary.turns_mean, summary.think_s_mean) == (10, 4.0, 3.0)
+    assert "sessions         10 (4.0 turns each, think 3.0 s mean)" in format_summary(summary)
