@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 
 from workloads import BUNDLED, FORMATS, SPEC_HELP, Trace, TraceTransforms, open_trace
+from workloads.transforms import with_hash_block_tokens
 
 TRACE_EPILOG = f"""\
 TRACE is one of:
   a bundled trace      {", ".join(BUNDLED)}
-  a trace file         Azure LLM inference CSV, Mooncake JSONL, servelab's own
-                       schema as .csv/.jsonl/.parquet, or a `servelab serve` request
-                       log (.sqlite); the format is detected from the content (force
-                       it with --format)
+  a trace file         Azure LLM inference CSV, Mooncake JSONL (also vLLM's timed
+                       traces: give their block size with --hash-block-tokens),
+                       servelab's own schema as .csv/.jsonl/.parquet, a `servelab
+                       serve` request log (.sqlite), vLLM bench's ShareGPT .json or
+                       an inference-perf config (.yml: its data and load.stages);
+                       the format is detected from the content (force it with --format)
   a synthetic spec     see below
 
 Transforms run in this order: --start-s/--end-s window (re-zeroed), --max-requests,
@@ -47,7 +50,12 @@ def add_trace_args(parser: argparse.ArgumentParser, positional: bool) -> None:
     else:
         group.add_argument("--trace", metavar="TRACE", required=True, help=what)
     group.add_argument(
-        "--format", choices=FORMATS, help="force the file format instead of detecting it"
+        "--format", choices=(*FORMATS, "inference-perf"),
+        help="force the file format instead of detecting it",
+    )
+    group.add_argument(
+        "--hash-block-tokens", type=int, metavar="N",
+        help="prompt tokens each prefix hash id of the file covers (default: Mooncake's 512)",
     )
     group.add_argument(
         "--seed", type=int, default=0, help="random seed: synthetic traces and the run (default 0)"
@@ -74,4 +82,7 @@ def transforms_from_args(args: argparse.Namespace) -> TraceTransforms:
 def load_trace_from_args(args: argparse.Namespace) -> Trace:
     """Open the trace and apply the transforms, in the order TRACE_EPILOG documents."""
     transforms = transforms_from_args(args)  # bad values fail before any file is read
-    return transforms.apply(open_trace(args.trace, args.format, args.seed))
+    trace = open_trace(args.trace, args.format, args.seed)
+    if args.hash_block_tokens is not None:
+        trace = with_hash_block_tokens(trace, args.hash_block_tokens)
+    return transforms.apply(trace)

@@ -4,9 +4,11 @@ Block j's key combines block j-1's key with block j's own content, so equal keys
 prefixes. Content is the token ids where a request has them (executor, server), hashed with
 BLAKE2b: a collision would serve another prompt's KV, so the hash must be strong. In pure
 simulation the trace's prefix hash ids stand for the content (Mooncake: one id per
-`PREFIX_BLOCK_TOKENS` prompt tokens, equal ids for equal content); tokens that no hash id
-covers (the rest of the prompt, the output) are unique to their request: only the
-request's own recompute after preemption can find them.
+`PREFIX_BLOCK_TOKENS` prompt tokens; token-granular traces state each id's token count),
+equal ids for equal content; tokens that no hash id covers (the rest of the prompt, the
+output) are unique to their request: only the request's own recompute after preemption can
+find them. A block is shared only when every one of its tokens is covered, so a 100-token
+shared prefix shares 6 blocks of 16 and the 7th, part prefix and part question, stays own.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import sys
 from array import array
+from bisect import bisect_right
+from itertools import accumulate
 
 from sim.core import Request
 from workloads.trace import PREFIX_BLOCK_TOKENS
@@ -24,10 +28,17 @@ def num_shareable_blocks(request: Request, block_size: int) -> int:
     else those the trace's hash ids cover (the rest is the request's own)."""
     if request.prompt_token_ids is not None:
         return sys.maxsize
-    ids = request.prefix_hash_ids
-    if not ids:
+    if not request.prefix_hash_ids:
         return 0
-    return min(request.prompt_len, len(ids) * PREFIX_BLOCK_TOKENS) // block_size
+    return covered_tokens(request) // block_size
+
+
+def covered_tokens(request: Request) -> int:
+    """Leading prompt tokens the trace's prefix hash ids cover."""
+    ids = request.prefix_hash_ids or ()
+    if request.prefix_hash_tokens is not None:
+        return min(request.prompt_len, sum(request.prefix_hash_tokens))
+    return min(request.prompt_len, len(ids) * PREFIX_BLOCK_TOKENS)
 
 
 def block_hashes(request: Request, num_blocks: int, block_size: int) -> list:
@@ -61,18 +72,25 @@ def _token_key(request: Request, parent: bytes | None, start: int, block_size: i
 
 def _extend_trace_keys(request: Request, num_blocks: int, block_size: int) -> None:
     """Keys from the trace's hash ids over each block, or from the request's identity where
-    no id covers the block (Python's 64-bit hash: a collision only merges two counts)."""
+    no id covers the whole block (Python's 64-bit hash: a collision only merges two counts).
+
+    A covered block's key names, for each segment (one id's tokens) it overlaps, the id and
+    the block's start relative to the segment's start: that fixes every token's content.
+    """
     hashes = request.block_hashes
     ids = request.prefix_hash_ids or ()
-    covered = min(request.prompt_len, len(ids) * PREFIX_BLOCK_TOKENS)
+    counts = request.prefix_hash_tokens or (PREFIX_BLOCK_TOKENS,) * len(ids)
+    ends = list(accumulate(counts))  # segment k covers [ends[k] - counts[k], ends[k])
+    covered = covered_tokens(request)
     parent = hashes[-1] if hashes else None
     for start in range(len(hashes) * block_size, num_blocks * block_size, block_size):
         last = start + block_size - 1
         if last >= covered:
             parent = hash((parent, request.request_id, start))
-        elif start // PREFIX_BLOCK_TOKENS == last // PREFIX_BLOCK_TOKENS:
-            parent = hash((parent, start % PREFIX_BLOCK_TOKENS, ids[start // PREFIX_BLOCK_TOKENS]))
-        else:  # blocks larger than a hash block, or straddling two
-            covering = ids[start // PREFIX_BLOCK_TOKENS:last // PREFIX_BLOCK_TOKENS + 1]
-            parent = hash((parent, start % PREFIX_BLOCK_TOKENS, *covering))
+        else:
+            first, final = bisect_right(ends, start), bisect_right(ends, last)
+            pieces = tuple(
+                (ids[k], start - (ends[k] - counts[k])) for k in range(first, final + 1)
+            )
+            parent = hash((parent, pieces))
         hashes.append(parent)

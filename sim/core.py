@@ -63,6 +63,8 @@ class Request:
     # Trace prefix ids, one per PREFIX_BLOCK_TOKENS prompt tokens: equal ids, equal content.
     # Pure simulation keys its cached blocks by them; None: the prompt shares nothing.
     prefix_hash_ids: tuple[int, ...] | None = None
+    # Tokens each prefix id covers (token-granular prefixes); None: PREFIX_BLOCK_TOKENS each.
+    prefix_hash_tokens: tuple[int, ...] | None = None
     priority: int = 0  # lower is served first under --queue priority (vLLM's convention)
     tenant: str = ""  # who sent it: --queue fair shares service between tenants
     # Mutable state, owned by the Scheduler.

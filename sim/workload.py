@@ -29,6 +29,8 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
               else [None] * len(trace))
     rows = zip(trace.request_ids, trace.arrival_s.tolist(), trace.prompt_len.tolist(),
                trace.output_len.tolist(), hashes, strict=True)
+    tokens = (table["prefix_hash_tokens"].map(tuple).tolist()
+              if "prefix_hash_tokens" in table else None)
     if not seed_requests:
         requests = [Request(rid, t, p, o, sampling=params, prefix_hash_ids=h)
                     for rid, t, p, o, h in rows]
@@ -38,6 +40,9 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
                     sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
             for rid, t, p, o, h in rows
         ]
+    if tokens is not None:  # token-granular prefixes: each id covers its own count
+        for request, counts in zip(requests, tokens, strict=True):
+            request.prefix_hash_tokens = counts
     if "tenant" in table:
         for request, tenant in zip(requests, table["tenant"].tolist(), strict=True):
             request.tenant = str(tenant)

@@ -131,34 +131,77 @@ class Empirical:
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """A synthetic trace: `num_requests` arrivals at `rate_per_s` with length distributions."""
+    """A synthetic trace: `num_requests` arrivals at `rate_per_s` with length distributions.
 
-    num_requests: int
-    rate_per_s: float
+    The shapes (workloads.shapes) add: shared system prompts (`system_tokens` tokens, one of
+    `groups` per request; with `prompts_per_group`, groups x prompts distinct prompts that the
+    requests cycle through), load `stages` instead of n and rate, and `session`s (multi-turn
+    conversations). With `question`, `prompt` draws the part after the system prompt.
+    """
+
+    num_requests: int | None
+    rate_per_s: float | None
     prompt: LengthDist
     output: LengthDist
-    arrival: str = "poisson"  # "poisson" or "gamma"
+    arrival: str = "poisson"  # "poisson", "gamma" or "constant" (even gaps)
     cv: float = 1.0  # gamma inter-arrival coefficient of variation; > 1 is bursty
     tenant: str | None = None  # None: no tenant column, ids "0", "1", ...
     priority: int | None = None  # lower is served first (vLLM); None: no priority column
+    system_tokens: int = 0  # a shared system prompt leads every prompt; 0: none
+    groups: int = 1  # distinct system prompts
+    prompts_per_group: int | None = None  # distinct questions per group; None: all own
+    question: bool = False  # prompt draws the question after the system prompt
+    stages: tuple = ()  # workloads.shapes.Stage items; replace n and rate
+    session: object | None = None  # a workloads.shapes.SessionSpec: multi-turn users
+    max_model_len: int | None = None  # chat truncation: oldest turns dropped to fit
 
     def __post_init__(self) -> None:
-        if self.num_requests < 1:
-            raise ValueError(f"n must be >= 1, got {self.num_requests}")
-        if not self.rate_per_s > 0:
-            raise ValueError(f"rate must be > 0, got {self.rate_per_s}")
-        if self.arrival not in ("poisson", "gamma"):
-            raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
+        if self.stages or self.session is not None:
+            from workloads.shapes import check_shaped  # the shapes build on this module
+
+            check_shaped(self)
+        else:
+            if self.num_requests is None or self.num_requests < 1:
+                raise ValueError(f"n must be >= 1, got {self.num_requests}")
+            if self.rate_per_s is None or not self.rate_per_s > 0:
+                raise ValueError(f"rate must be > 0, got {self.rate_per_s}")
+        if self.arrival not in ("poisson", "gamma", "constant"):
+            raise ValueError(f"arrival must be poisson, gamma or constant, got {self.arrival!r}")
         if not self.cv > 0:
             raise ValueError(f"cv must be > 0, got {self.cv}")
         if self.tenant is not None and not TENANT_NAME.fullmatch(self.tenant):
             raise ValueError(f"tenant={self.tenant!r}: use letters, digits, '-' and '_' only")
         if self.priority is not None and not _INT64[0] <= self.priority <= _INT64[1]:
             raise ValueError(f"priority={self.priority} does not fit in 64 bits")
+        self._check_prefix()
+
+    def _check_prefix(self) -> None:
+        if self.system_tokens < 0:
+            raise ValueError(f"system must be >= 0 tokens, got {self.system_tokens}")
+        if self.groups < 1:
+            raise ValueError(f"groups must be >= 1, got {self.groups}")
+        if self.prompts_per_group is not None and self.prompts_per_group < 1:
+            raise ValueError(f"prompts must be >= 1, got {self.prompts_per_group}")
+        if self.max_model_len is not None and self.max_model_len <= self.system_tokens + 1:
+            raise ValueError(
+                f"max_len={self.max_model_len} leaves no room after system={self.system_tokens}"
+            )
+
+    @property
+    def is_shaped(self) -> bool:
+        """Whether it needs workloads.shapes: prefixes, stages, sessions or even gaps."""
+        return bool(
+            self.system_tokens or self.prompts_per_group or self.stages or self.session
+            or self.question or self.arrival == "constant" or self.max_model_len
+        )
 
 
 def generate_trace(spec: SyntheticSpec, rng: np.random.Generator, name: str = "synthetic") -> Trace:
     """Draw a trace: arrivals first, then prompt and output lengths, all from `rng`."""
+    if spec.is_shaped:
+        from workloads.shapes import generate_shaped  # the shapes build on this module
+
+        return generate_shaped(spec, rng, name)
     count = spec.num_requests
     if spec.arrival == "gamma":
         arrival_s = gamma_arrivals_s(count, spec.rate_per_s, spec.cv, rng)

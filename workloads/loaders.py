@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from workloads.files import read_csv_rows, read_first_line, read_json_lines, require_columns
+from workloads.sharegpt import read_sharegpt
 from workloads.sqlite import SQLITE_MAGIC, read_request_log
 from workloads.trace import Trace
 from workloads.validate import (
@@ -61,6 +62,8 @@ def detect_format(path: str | Path) -> str:
     text = first.decode("utf-8", errors="replace").strip()
     if not text:
         raise TraceError(str(path), "file is empty", line=1)
+    if text.startswith("["):
+        return "sharegpt"
     if text.startswith("{"):
         if '"input_length"' in text:
             return "mooncake"
@@ -138,7 +141,7 @@ def read_own_csv(path: Path) -> pd.DataFrame:
     require_columns(rows.columns, OWN_REQUIRED, str(path))
 
     def column(key: str) -> pd.Series:
-        return rows[key].str.split() if key == "prefix_hash_ids" else rows[key]
+        return rows[key].str.split() if key in _LIST_COLUMNS else rows[key]
 
     return _own_table(rows.columns, column, Where(str(path), lines))
 
@@ -187,12 +190,19 @@ def _from_zero(arrival_s: np.ndarray) -> np.ndarray:
     return arrival_s - arrival_s[0]
 
 
+def _as_list_column(values: Sequence, key: str, where: Where) -> pd.Series:
+    return pd.Series(as_hash_lists(values, key, where), dtype=object)
+
+
+_LIST_COLUMNS = ("prefix_hash_ids", "prefix_hash_tokens")
 _OPTIONAL_CONVERTERS = {
     "tenant": as_str,
     "priority": as_int,
-    "prefix_hash_ids": lambda values, key, where: pd.Series(
-        as_hash_lists(values, key, where), dtype=object
-    ),
+    "prefix_hash_ids": _as_list_column,
+    "prefix_hash_tokens": _as_list_column,
+    "session_id": as_str,
+    "turn": as_int,
+    "think_s": as_float,
 }
 
 READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
@@ -202,5 +212,6 @@ READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     "jsonl": read_own_jsonl,
     "parquet": read_own_parquet,
     "sqlite": read_request_log,
+    "sharegpt": read_sharegpt,
 }
 FORMATS = tuple(READERS)

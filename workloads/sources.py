@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from workloads.bundled import BUNDLED, load_bundled
-from workloads.generators import generate_parts, part_rngs
+from workloads.generators import generate_parts, generate_trace, part_rngs
+from workloads.inference_perf import is_inference_perf_config, read_inference_perf
 from workloads.loaders import load_trace
 from workloads.spec import is_synthetic_spec, parse_parts
 from workloads.trace import Trace
@@ -18,6 +19,10 @@ def open_trace(source: str, fmt: str | None = None, seed: int = 0) -> Trace:
             raise ValueError("a format applies to trace files, not to a synthetic spec")
         parts = parse_parts(source, resolve=_open_real)
         return generate_parts(parts, part_rngs(seed, len(parts)), name=source)
+    path = Path(source)
+    if fmt == "inference-perf" or (fmt is None and path.is_file()
+                                   and is_inference_perf_config(path)):
+        return generate_trace(read_inference_perf(path), part_rngs(seed, 1)[0], name=path.name)
     return _open_real(source, fmt)
 
 
@@ -33,6 +38,7 @@ def _open_real(source: str, fmt: str | None = None) -> Trace:
     if not path.is_file():
         raise FileNotFoundError(
             f"trace {source!r}: no such file; expected a bundled name "
-            f"({', '.join(BUNDLED)}), a synthetic: spec or a .csv/.jsonl/.parquet/.sqlite file"
+            f"({', '.join(BUNDLED)}), a synthetic: spec, a .csv/.jsonl/.parquet/.sqlite/.json "
+            "file or an inference-perf .yml config"
         )
     return load_trace(path, fmt)

@@ -15,6 +15,7 @@ from workloads.generators import (
     SyntheticSpec,
     Uniform,
 )
+from workloads.spec_shapes import SHAPE_KEYS, SHAPES_HELP, parse_shapes
 from workloads.trace import Trace
 
 SPEC_PREFIX = "synthetic:"
@@ -27,8 +28,8 @@ TENANT_EXAMPLE = (
 
 SPEC_HELP = f"""\
 synthetic spec: synthetic:KEY=VALUE,KEY=VALUE,...   (quote it: ( ) and ; are shell syntax)
-  n=N                  number of requests (required)
-  rate=R               mean arrival rate, requests/s (required)
+  n=N                  number of requests (required unless stages= or users=)
+  rate=R               mean arrival rate, requests/s (required unless stages=)
   arrival=poisson      exponential inter-arrival gaps (the default)
   arrival=gamma        gamma gaps with coefficient of variation cv=C (required with
                        gamma); C > 1 is burstier than Poisson, C = 1 is Poisson
@@ -45,15 +46,15 @@ DIST is one of:
   empirical(T)         resample the lengths of trace T (a bundled name or a file); when
                        prompt and output name the same T, whole rows are resampled, so
                        their correlation is kept
-Several tenants: parts separated by ';', each KEY=VALUE,... as above with its own tenant=
-(required, unique). Each part is drawn on its own (from --seed and its position), from
+{SHAPES_HELP}Several tenants: parts separated by ';', each KEY=VALUE,... as above with its
+own tenant= (required, unique). Each part is drawn on its own (from --seed and its position), from
 0 s, and the arrivals are merged in time order; if any part sets priority=, the rest get 0.
 Lengths are rounded to integers >= 1; --seed N seeds the generator (same seed, same trace).
 example: synthetic:n=2000,rate=4,arrival=gamma,cv=3,prompt=lognormal(1024,0.8),output=pareto(50,1.5)
 tenants: {TENANT_EXAMPLE}
 """
 
-KEYS = ("n", "rate", "arrival", "cv", "prompt", "output", "tenant", "priority")
+KEYS = ("n", "rate", "arrival", "cv", "prompt", "output", "tenant", "priority", *SHAPE_KEYS)
 # name -> (class, its arguments as (NAME, type))
 _DISTS: dict[str, tuple[type, tuple[tuple[str, type], ...]]] = {
     "fixed": (Fixed, (("T", int),)),
@@ -138,28 +139,40 @@ def _source_opener(resolve: OpenSource | None) -> OpenSource:
 
 def _parse_part(items: dict[str, str], open_source: OpenSource) -> SyntheticSpec:
     """One part's KEY=VALUE items -> a SyntheticSpec; errors name the key and value."""
+    shaped = "stages" in items or "users" in items
     for key, meaning in (("n", "the number of requests"), ("rate", "requests/s")):
-        if key not in items:
+        if key not in items and not shaped:
             raise SpecError(f"missing {key}= ({meaning})")
     arrival = items.get("arrival", "poisson")
-    if arrival not in ("poisson", "gamma"):
-        raise SpecError(f"arrival={arrival!r}: expected poisson or gamma")
+    if arrival not in ("poisson", "gamma", "constant"):
+        raise SpecError(f"arrival={arrival!r}: expected poisson, gamma or constant")
     if arrival == "gamma" and "cv" not in items:
         raise SpecError("arrival=gamma needs cv=C (the inter-arrival coefficient of variation)")
-    if arrival == "poisson" and "cv" in items:
+    if arrival != "gamma" and "cv" in items:
         raise SpecError("cv= applies only to arrival=gamma")
-    prompt = _parse_dist("prompt", items.get("prompt", "fixed(512)"), "prompt_len", open_source)
+    if "prompt" in items and "question" in items:
+        raise SpecError("prompt= and question= exclude each other (question= follows system=)")
+    prompt_key = "question" if "question" in items else "prompt"
+    prompt = _parse_dist(
+        prompt_key, items.get(prompt_key, "fixed(512)"), "prompt_len", open_source
+    )
     output = _parse_dist("output", items.get("output", "fixed(128)"), "output_len", open_source)
+    shapes = parse_shapes(
+        items, _number, lambda key, text: _parse_dist(key, text, "prompt_len", open_source),
+        SpecError,
+    )
     try:
         return SyntheticSpec(
-            num_requests=_number("n", items["n"], int),
-            rate_per_s=_number("rate", items["rate"], float),
+            num_requests=_number("n", items["n"], int) if "n" in items else None,
+            rate_per_s=_number("rate", items["rate"], float) if "rate" in items else None,
             prompt=prompt,
             output=output,
             arrival=arrival,
             cv=_number("cv", items["cv"], float) if "cv" in items else 1.0,
             tenant=items.get("tenant"),
             priority=_number("priority", items["priority"], int) if "priority" in items else None,
+            question=prompt_key == "question",
+            **shapes,
         )
     except SpecError:
         raise

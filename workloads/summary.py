@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
+from workloads.trace import Trace
 
 MAX_GROUP_LINES = 20  # a log with a tenant per user would bury the table; JSON keeps all
 
@@ -115,33 +115,36 @@ def _rate(requests: int, span_s: float) -> float | None:
 def prefix_reuse_ceiling(trace: Trace, block_size: int = 16) -> float:
     """Share of prompt tokens a prefix cache that never evicts could serve (0 without ids).
 
-    In arrival order, a request reuses the longest prefix of its hash ids that begins some
-    earlier request's ids; of that, only full KV blocks of `block_size` tokens count, and at
-    least one prompt token is always computed (the step that samples the first token).
+    In arrival order, a request reuses the longest prefix of its hash ids (with their token
+    counts) that begins some earlier request's; of that, only full KV blocks of `block_size`
+    tokens count, and at least one prompt token is always computed (the step that samples
+    the first token).
     """
     if block_size < 1:
         raise ValueError(f"prefix_reuse_ceiling: block_size must be >= 1, got {block_size}")
     prompt = trace.prompt_len
     if not trace.has_prefix_hashes or not prompt.sum():
         return 0.0  # a prompt no id covers is its request's own content
-    root: dict[int, dict] = {}  # a trie of every earlier request's ids
+    root: dict[tuple[int, int], dict] = {}  # a trie of every earlier request's segments
     cached = 0
-    for ids, prompt_len in zip(trace.table["prefix_hash_ids"], prompt.tolist(), strict=True):
-        matched = _match_and_insert(root, ids)
-        cached += min(matched * PREFIX_BLOCK_TOKENS, (prompt_len - 1) // block_size * block_size)
+    rows = zip(trace.table["prefix_hash_ids"], trace.prefix_tokens(), prompt.tolist(), strict=True)
+    for ids, tokens, prompt_len in rows:
+        matched = _match_and_insert(root, list(zip(ids, tokens, strict=True)))
+        matched_tokens = sum(tokens[:matched])
+        cached += min(matched_tokens, prompt_len - 1) // block_size * block_size
     return cached / int(prompt.sum())
 
 
-def _match_and_insert(root: dict[int, dict], ids: list[int]) -> int:
-    """How many leading ids the trie holds; then add the rest, so the trie holds all of ids."""
+def _match_and_insert(root: dict, segments: list[tuple[int, int]]) -> int:
+    """How many leading segments the trie holds; then add the rest, so it holds them all."""
     node, matched = root, 0
-    for block in ids:
-        child = node.get(block)
+    for segment in segments:
+        child = node.get(segment)
         if child is None:
             break
         node, matched = child, matched + 1
-    for block in ids[matched:]:
-        node = node.setdefault(block, {})
+    for segment in segments[matched:]:
+        node = node.setdefault(segment, {})
     return matched
 
 

@@ -14,13 +14,25 @@ from workloads.validate import Where, check_table
 PREFIX_BLOCK_TOKENS = 512
 
 
+@dataclass(frozen=True)
+class SessionColumns:
+    """Where each row sits in a conversation: the closed-loop driver's schedule."""
+
+    session_id: Sequence[str]
+    turn: Sequence[int]  # 0 for a session's first request
+    think_s: Sequence[float]  # seconds from the previous turn's last token to this turn
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class Trace:
     """A named request table; the constructor checks the schema and never copies.
 
     Columns: arrival_s (float64 seconds, 0 first, non-decreasing), prompt_len and
     output_len (int64 tokens >= 1), request_id (unique str); optional tenant (str),
-    priority (int64) and prefix_hash_ids (a list of int block ids per row).
+    priority (int64), prefix_hash_ids (a list of int ids per row: equal ids, equal
+    content), prefix_hash_tokens (the tokens each id covers, a list per row; without it each
+    id covers PREFIX_BLOCK_TOKENS), and session_id (str), turn (int64) and think_s (float64):
+    a row is turn `turn` of `session_id`, sent `think_s` after the previous turn's answer.
     """
 
     name: str
@@ -40,6 +52,8 @@ class Trace:
         tenant: Sequence[str] | None = None,
         priority: Sequence[int] | None = None,
         prefix_hash_ids: Sequence[Sequence[int]] | None = None,
+        prefix_hash_tokens: Sequence[Sequence[int]] | None = None,
+        sessions: SessionColumns | None = None,
     ) -> Trace:
         """Build a trace from columns; request ids default to "0", "1", ..."""
         ids = np.arange(len(arrival_s)).astype(str) if request_ids is None else request_ids
@@ -56,6 +70,13 @@ class Trace:
         if prefix_hash_ids is not None:
             lists = [[int(block) for block in blocks] for blocks in prefix_hash_ids]
             columns["prefix_hash_ids"] = pd.Series(lists, dtype=object)
+        if prefix_hash_tokens is not None:
+            lists = [[int(count) for count in counts] for counts in prefix_hash_tokens]
+            columns["prefix_hash_tokens"] = pd.Series(lists, dtype=object)
+        if sessions is not None:
+            columns["session_id"] = pd.Series(list(sessions.session_id), dtype=str)
+            columns["turn"] = np.asarray(sessions.turn, dtype=np.int64)
+            columns["think_s"] = np.asarray(sessions.think_s, dtype=np.float64)
         return cls(name, pd.DataFrame(columns))
 
     def __len__(self) -> int:
@@ -93,6 +114,17 @@ class Trace:
     def has_prefix_hashes(self) -> bool:
         """Whether rows carry prefix block ids."""
         return "prefix_hash_ids" in self.table.columns
+
+    @property
+    def has_sessions(self) -> bool:
+        """Whether rows carry session_id, turn and think_s (a closed-loop schedule)."""
+        return "session_id" in self.table.columns
+
+    def prefix_tokens(self) -> list[list[int]]:
+        """Tokens each prefix hash id covers, per row (PREFIX_BLOCK_TOKENS each if unstated)."""
+        if "prefix_hash_tokens" in self.table.columns:
+            return self.table["prefix_hash_tokens"].tolist()
+        return [[PREFIX_BLOCK_TOKENS] * len(ids) for ids in self.table["prefix_hash_ids"]]
 
 
 def _readonly(column: pd.Series) -> np.ndarray:

@@ -80,11 +80,48 @@ def _check_cap(name: str, cap: int) -> None:
 def _with_prompt_len(table: pd.DataFrame, prompt_len: np.ndarray) -> pd.DataFrame:
     """Set prompt lengths; prefix block ids beyond the (shorter) prompt are dropped."""
     table = table.assign(prompt_len=prompt_len)
+    if "prefix_hash_tokens" in table.columns:  # token-granular: cut the prefix at the prompt
+        cut = [
+            _cut_segments(ids, tokens, length)
+            for ids, tokens, length in zip(
+                table["prefix_hash_ids"], table["prefix_hash_tokens"], prompt_len, strict=True
+            )
+        ]
+        return table.assign(
+            prefix_hash_ids=pd.Series([ids for ids, _ in cut], dtype=object),
+            prefix_hash_tokens=pd.Series([tokens for _, tokens in cut], dtype=object),
+        )
     if "prefix_hash_ids" in table.columns:
         blocks = -(-prompt_len // PREFIX_BLOCK_TOKENS)  # ceil: blocks covering the prompt
         kept = [ids[:count] for ids, count in zip(table["prefix_hash_ids"], blocks, strict=True)]
         table = table.assign(prefix_hash_ids=pd.Series(kept, dtype=object))
     return table
+
+
+def _cut_segments(ids: list[int], tokens: list[int], prompt_len: int) -> tuple[list, list]:
+    """The prefix segments within the first prompt_len tokens (the last one shortened)."""
+    kept_ids, kept_tokens, covered = [], [], 0
+    for hash_id, count in zip(ids, tokens, strict=True):
+        if covered >= prompt_len:
+            break
+        kept_ids.append(hash_id)
+        kept_tokens.append(min(count, prompt_len - covered))
+        covered += kept_tokens[-1]
+    return kept_ids, kept_tokens
+
+
+def with_hash_block_tokens(trace: Trace, block_tokens: int) -> Trace:
+    """The trace with each prefix hash id covering `block_tokens` prompt tokens (a timed
+    trace's stated block size; Mooncake's is PREFIX_BLOCK_TOKENS), cut at each prompt."""
+    _check_cap("hash block tokens", block_tokens)
+    if not trace.has_prefix_hashes:
+        raise ValueError(f"{trace.name}: has no prefix hash ids for a hash block size to apply to")
+    table = trace.table
+    if "prefix_hash_tokens" in table.columns:
+        raise ValueError(f"{trace.name}: already states the tokens of each prefix hash id")
+    tokens = [[block_tokens] * len(ids) for ids in table["prefix_hash_ids"]]
+    table = table.assign(prefix_hash_tokens=pd.Series(tokens, dtype=object))
+    return Trace(trace.name, _with_prompt_len(table, table["prompt_len"].to_numpy()))
 
 
 @dataclass(frozen=True)

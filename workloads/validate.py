@@ -12,7 +12,12 @@ import numpy as np
 import pandas as pd
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_len", "output_len", "request_id")
-OPTIONAL_COLUMNS = ("tenant", "priority", "prefix_hash_ids")
+# prefix_hash_tokens: tokens each prefix hash id covers (token-granular prefixes); without
+# it every id covers PREFIX_BLOCK_TOKENS. session_id, turn and think_s place a row in a
+# conversation (or a closed-loop user) so a closed-loop driver can release it.
+OPTIONAL_COLUMNS = (
+    "tenant", "priority", "prefix_hash_ids", "prefix_hash_tokens", "session_id", "turn", "think_s"
+)
 COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 
 
@@ -137,6 +142,8 @@ def check_table(table: pd.DataFrame, where: Where) -> None:
         raise where.error(None, "no requests")
     _check_dtypes(table, where)
     _check_arrivals(table["arrival_s"].to_numpy(), where)
+    _check_prefix_tokens(table, where)
+    _check_sessions(table, where)
     for column in ("prompt_len", "output_len"):
         lengths = table[column].to_numpy()
         if (lengths < 1).any():
@@ -151,12 +158,13 @@ def check_table(table: pd.DataFrame, where: Where) -> None:
 
 def _check_dtypes(table: pd.DataFrame, where: Where) -> None:
     expected = {"arrival_s": "float64", "prompt_len": "int64", "output_len": "int64"}
-    if "priority" in table.columns:
-        expected["priority"] = "int64"
+    for column, dtype in (("priority", "int64"), ("turn", "int64"), ("think_s", "float64")):
+        if column in table.columns:
+            expected[column] = dtype
     for column, dtype in expected.items():
         if table[column].dtype != dtype:
             raise where.error(None, f"dtype must be {dtype}, got {table[column].dtype}", column)
-    for column in ("request_id", "tenant"):
+    for column in ("request_id", "tenant", "session_id"):
         if column in table.columns and not pd.api.types.is_string_dtype(table[column]):
             raise where.error(None, "must hold strings", column)
 
@@ -173,3 +181,41 @@ def _check_arrivals(arrival_s: np.ndarray, where: Where) -> None:
         raise where.error(row, problem + "rows must be sorted by arrival time", "arrival_s")
     if arrival_s[0] != 0.0:
         raise where.error(0, f"first arrival must be 0, got {arrival_s[0]!r}", "arrival_s")
+
+
+def _check_prefix_tokens(table: pd.DataFrame, where: Where) -> None:
+    """Token counts match their ids one for one, are >= 1, and never outrun the prompt."""
+    if "prefix_hash_tokens" not in table.columns:
+        return
+    if "prefix_hash_ids" not in table.columns:
+        raise where.error(None, "needs the prefix_hash_ids column", "prefix_hash_tokens")
+    columns = ("prefix_hash_ids", "prefix_hash_tokens", "prompt_len")
+    rows = zip(*(table[column] for column in columns), strict=True)
+    for row, (ids, tokens, prompt_len) in enumerate(rows):
+        if len(ids) != len(tokens):
+            problem = f"{len(tokens)} token counts for {len(ids)} prefix hash ids"
+            raise where.error(row, problem, "prefix_hash_tokens")
+        if any(count < 1 for count in tokens):
+            raise where.error(row, f"counts must be >= 1, got {list(tokens)}", "prefix_hash_tokens")
+        if sum(tokens) > prompt_len:
+            problem = f"the prefix ({sum(tokens)} tokens) is longer than the prompt ({prompt_len})"
+            raise where.error(row, problem, "prefix_hash_tokens")
+
+
+def _check_sessions(table: pd.DataFrame, where: Where) -> None:
+    """session_id, turn and think_s come together; turns count from 0, think times >= 0."""
+    present = [c for c in ("session_id", "turn", "think_s") if c in table.columns]
+    if not present:
+        return
+    if len(present) != 3:
+        missing = sorted({"session_id", "turn", "think_s"} - set(present))
+        raise where.error(None, f"{present} need {missing} as well", present[0])
+    turn, think_s = table["turn"].to_numpy(), table["think_s"].to_numpy()
+    for column, bad, problem in (
+        ("turn", turn < 0, "must be >= 0"),
+        ("think_s", ~(think_s >= 0) | ~np.isfinite(think_s), "must be finite and >= 0"),
+    ):
+        if bad.any():
+            row = int(np.argmax(bad))
+            value = table[column].iloc[row]
+            raise where.error(row, f"{problem}, got {value}", column)

@@ -33,9 +33,10 @@ def save_trace(trace: Trace, path: str | Path, fmt: str | None = None) -> None:
 
 
 def _write_csv(table: pd.DataFrame, path: Path) -> None:
-    if "prefix_hash_ids" in table.columns:  # CSV cells hold the ids space-separated
-        joined = [" ".join(map(str, ids)) for ids in table["prefix_hash_ids"]]
-        table = table.assign(prefix_hash_ids=joined)
+    for column in ("prefix_hash_ids", "prefix_hash_tokens"):  # CSV cells: space-separated
+        if column in table.columns:
+            joined = [" ".join(map(str, ids)) for ids in table[column]]
+            table = table.assign(**{column: joined})
     table.to_csv(path, index=False)  # floats are written with repr: they read back exactly
 
 

@@ -59,7 +59,8 @@ def brute_force(ids: list[list[int]], prompt_len: list[int], block_size: int) ->
     cached = 0
     for i, row in enumerate(ids):
         k = max((_common(row, earlier) for earlier in ids[:i]), default=0)
-        cached += min(k * PREFIX_BLOCK_TOKENS, (prompt_len[i] - 1) // block_size * block_size)
+        # Only whole KV blocks inside the shared tokens count, as the simulator shares them.
+        cached += min(k * PREFIX_BLOCK_TOKENS, prompt_len[i] - 1) // block_size * block_size
     return cached / sum(prompt_len)
 
 

@@ -1,0 +1,54 @@
+"""Token-granular prefixes: trace segments of any length key the simulator's prefix cache."""
+
+from __future__ import annotations
+
+from sim.block_manager import BlockManager
+from sim.core import Request
+
+BS = 16
+
+
+def segment_request(rid: str, prompt_len: int, ids: tuple, tokens: tuple) -> Request:
+    return Request(rid, 0.0, prompt_len, 4, prefix_hash_ids=ids, prefix_hash_tokens=tokens)
+
+
+def computed(bm: BlockManager, request: Request) -> None:
+    assert bm.try_allocate(request.request_id, request.prompt_len)
+    request.num_computed_tokens = request.prompt_len
+    bm.cache_blocks(request, request.prompt_len)
+
+
+def test_a_100_token_shared_prefix_hits_exactly_6_blocks_of_16_per_request_after_the_first():
+    bm = BlockManager(256, BS, enable_caching=True)
+    # Each request: the shared 100-token system prompt (id 7), then its own 447-token question.
+    first = segment_request("r0", 547, (7, 100), (100, 447))
+    computed(bm, first)
+    for i in range(1, 5):
+        request = segment_request(f"r{i}", 547, (7, 100 + i), (100, 447))
+        hit = bm.cached_prefix(request)
+        assert len(hit) * BS == 96  # block 6 holds tokens 96..111: prefix and question
+        assert bm.try_allocate(request.request_id, 547, hit)
+        request.num_computed_tokens = 547
+        bm.cache_blocks(request, 547)
+    bm.check()
+
+
+def test_the_same_prompt_again_hits_every_full_block_but_the_last_token():
+    bm = BlockManager(256, BS, enable_caching=True)
+    computed(bm, segment_request("a", 547, (7, 100), (100, 447)))
+    again = segment_request("b", 547, (7, 100), (100, 447))
+    assert len(bm.cached_prefix(again)) == 546 // BS  # 34 blocks, 544 tokens
+
+
+def test_a_prefix_only_the_ids_cover_is_never_shared_past_its_end():
+    bm = BlockManager(256, BS, enable_caching=True)
+    computed(bm, segment_request("a", 300, (7,), (100,)))  # the rest of the prompt: its own
+    same_prefix = segment_request("b", 300, (7,), (100,))
+    assert len(bm.cached_prefix(same_prefix)) == 6
+
+
+def test_segments_shifted_by_a_token_share_nothing():
+    bm = BlockManager(256, BS, enable_caching=True)
+    computed(bm, segment_request("a", 300, (7, 8), (100, 100)))
+    shifted = segment_request("b", 300, (6, 7, 8), (1, 100, 100))
+    assert bm.cached_prefix(shifted) == []
