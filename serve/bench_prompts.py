@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor.prompts import synth_prompt_tokens
+from executor.prompts import stable_seed, synth_prompt_tokens
 from workloads.trace import Trace
 
 
@@ -26,6 +26,9 @@ class PromptPlan:
     prompt_len: int
     segment_ids: tuple[int, ...] = ()
     segment_tokens: tuple[int, ...] = ()  # tokens each segment covers
+    # Mixed into every segment's tokens: runs with different salts share nothing, so one run
+    # does not find another's prompts in the server's prefix cache. "": the ids alone.
+    salt: str = ""
 
 
 @dataclass
@@ -41,19 +44,19 @@ class Conversation:
     ids_missing: bool = False
 
 
-def prompt_plans(trace: Trace, seed: int) -> list[PromptPlan]:
+def prompt_plans(trace: Trace, seed: int, salt: str = "") -> list[PromptPlan]:
     """One plan per trace row, in order."""
     ids = trace.table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
     tokens = trace.prefix_tokens() if ids is not None else None
     plans = []
     for i, (rid, prompt_len) in enumerate(zip(trace.request_ids, trace.prompt_len.tolist(),
                                               strict=True)):
-        key = f"{seed}:{rid}"
+        key = f"{seed}:{salt}:{rid}" if salt else f"{seed}:{rid}"
         if ids is None:
-            plans.append(PromptPlan(key, int(prompt_len)))
+            plans.append(PromptPlan(key, int(prompt_len), salt=salt))
         else:
             plans.append(PromptPlan(key, int(prompt_len), tuple(int(x) for x in ids[i]),
-                                    tuple(int(x) for x in tokens[i])))
+                                    tuple(int(x) for x in tokens[i]), salt))
     return plans
 
 
@@ -64,7 +67,7 @@ def prompt_tokens(plan: PromptPlan, vocab_size: int) -> list[int]:
     for seg_id, count in zip(plan.segment_ids, plan.segment_tokens, strict=True):
         if len(out) >= plan.prompt_len:
             break
-        out += segment_tokens(seg_id, count, vocab_size)
+        out += segment_tokens(seg_id, count, vocab_size, plan.salt)
     if len(out) >= plan.prompt_len:
         return out[:plan.prompt_len]
     return out + synth_prompt_tokens(plan.key, plan.prompt_len - len(out), vocab_size)
@@ -83,9 +86,10 @@ def conversation_prompt(plan: PromptPlan, planned_ids: list[int],
     return out + planned_ids[at:]
 
 
-def segment_tokens(segment_id: int, count: int, vocab_size: int) -> list[int]:
-    """The `count` tokens of one prefix segment: drawn from its id alone."""
-    return synth_prompt_tokens("", count, vocab_size, [segment_id], hash_block_tokens=count)
+def segment_tokens(segment_id: int, count: int, vocab_size: int, salt: str = "") -> list[int]:
+    """The `count` tokens of one prefix segment: drawn from its id (and the salt) alone."""
+    drawn_from = stable_seed(f"{salt}/{segment_id}") if salt else segment_id
+    return synth_prompt_tokens("", count, vocab_size, [drawn_from], hash_block_tokens=count)
 
 
 def remember_turn(conversation: Conversation, plan: PromptPlan, output_ids: list[int],

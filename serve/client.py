@@ -65,11 +65,13 @@ class BenchResult:
     errors: list[str] = field(default_factory=list)
     preemptions: int | None = None
     retried: int = 0
+    cut_short: str | None = None  # why the run ended before every request did, if it did
 
 
-def bench_requests(trace: Trace, vocab_size: int, seed: int = 0) -> list[BenchRequest]:
-    """The trace's requests with synthetic prompts (equal prefix segments share tokens) and
-    their places in sessions."""
+def bench_requests(trace: Trace, vocab_size: int, seed: int = 0, salt: str = ""
+                   ) -> list[BenchRequest]:
+    """The trace's requests with synthetic prompts (equal prefix segments share tokens; a
+    `salt` makes every token differ from another salt's) and their places in sessions."""
     table = trace.table
     tenants = table["tenant"].tolist() if "tenant" in table.columns else [None] * len(trace)
     if trace.has_sessions:
@@ -80,7 +82,7 @@ def bench_requests(trace: Trace, vocab_size: int, seed: int = 0) -> list[BenchRe
     out = []
     for rid, arrival, output_len, plan, tenant, (session, turn, think_s) in zip(
             trace.request_ids, trace.arrival_s.tolist(), trace.output_len.tolist(),
-            prompt_plans(trace, seed), tenants, sessions, strict=True):
+            prompt_plans(trace, seed, salt), tenants, sessions, strict=True):
         out.append(BenchRequest(rid, arrival, prompt_tokens(plan, vocab_size), output_len,
                                 tenant, session, int(turn), float(think_s), plan))
     return out
@@ -134,6 +136,8 @@ async def scrape_preemptions(client: aiohttp.ClientSession) -> int | None:
 # and says whether to stop it now: a caller whose verdict is already certain.
 StopCheck = Callable[[list[Request], set[str], float], bool]
 STOP_POLL_S = 0.1  # how often a StopCheck looks
+TIME_LIMIT = "unfinished after the {timeout_s} s time limit"
+STOPPED = "unfinished when the run was stopped early"
 
 
 async def run_bench(requests: list[BenchRequest], config: BenchConfig,
@@ -163,7 +167,7 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig,
                            [r.arrival_s for r in requests])
         driver = asyncio.create_task(drive(chains, [r.think_s for r in requests], send_row,
                                            run.t0, users))
-        cut_short = await _wait(driver, run, records, config.timeout_s, stop)
+        cut_short = await _wait(driver, run, config.timeout_s, records, stop)
         driver.cancel()
         await asyncio.gather(driver, return_exceptions=True)
         if cut_short is None:
@@ -173,23 +177,23 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig,
                 _fail(record, run.errors, cut_short or "never sent")
         after = await scrape_preemptions(client)
     preemptions = after - before if before is not None and after is not None else None
-    return BenchResult(records, run.errors, preemptions, run.retried)
+    return BenchResult(records, run.errors, preemptions, run.retried, cut_short)
 
 
-async def _wait(driver: asyncio.Task, run: _Run, records: list[Request], timeout_s: float,
+async def _wait(driver: asyncio.Task, run: _Run, timeout_s: float, records: list[Request],
                 stop: StopCheck | None) -> str | None:
     """Until every request ended; why the run was cut short, or None."""
     deadline_s = run.t0 + timeout_s
     while True:
         left_s = deadline_s - time.perf_counter()
         if left_s <= 0:
-            return f"unfinished after the {timeout_s} s time limit"
+            return TIME_LIMIT.format(timeout_s=timeout_s)
         done, _ = await asyncio.wait({driver}, timeout=min(left_s, STOP_POLL_S) if stop
                                      else left_s)
         if done:
             return None
         if stop is not None and stop(records, run.sent, time.perf_counter() - run.t0):
-            return "unfinished when the run was stopped early"
+            return STOPPED
 
 
 @dataclass
