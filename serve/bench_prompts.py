@@ -12,6 +12,7 @@ output and the new question.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from executor.prompts import stable_seed, synth_prompt_tokens
@@ -112,3 +113,11 @@ def _bind_answer(conversation: Conversation, plan: PromptPlan) -> dict[int, list
             conversation.answers[ids[i + 1]] = conversation.last_output_ids
             break
     return conversation.answers
+
+
+def first_shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two prompts share."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from serve.bench_prompts import (
     Conversation,
@@ -28,7 +27,13 @@ from serve.bench_prompts import (
     remember_turn,
 )
 from serve.closed_loop import chains_of, drive
-from serve.connection import BenchConfig, make_client, post_once_more_if_unsent
+from serve.connection import (
+    BenchConfig,
+    make_client,
+    model_card,
+    post_once_more_if_unsent,
+    scrape_preemptions,
+)
 from sim.core import FinishReason, Request
 from sim.metrics import Slo, summarize
 from sim.simulation import RunResult
@@ -100,36 +105,6 @@ async def replay_trace(trace: Trace, config: BenchConfig, vocab_size: int | None
         raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
     result = await run_bench(bench_requests(trace, int(vocab), seed), config, on_done, users)
     return card["id"], int(vocab), result
-
-
-async def model_card(client: aiohttp.ClientSession, model: str | None) -> dict:
-    """The server's card for `model` (or its first), from GET /v1/models."""
-    async with client.get("v1/models") as response:
-        if response.status != 200:
-            text = (await response.text())[:200]
-            raise ValueError(f"GET /v1/models: HTTP {response.status}: {text}")
-        cards = (await response.json()).get("data") or []
-    for card in cards:
-        if model is None or card.get("id") == model:
-            return card
-    raise ValueError(f"the server does not serve model {model!r}")
-
-
-async def scrape_preemptions(client: aiohttp.ClientSession) -> int | None:
-    """vllm:num_preemptions_total from /metrics, or None if the server exposes none."""
-    try:
-        async with client.get("metrics") as response:
-            if response.status != 200:
-                return None
-            text = await response.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-    total = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:num_preemptions_total":
-                total = (total or 0) + int(sample.value)
-    return total
 
 
 # Looks at a run in progress (every record, the ids of those sent, seconds since the start)
