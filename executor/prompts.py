@@ -28,8 +28,13 @@ def stable_seed(key: int | str) -> int:
 
 def synth_prompt_tokens(key: int | str, prompt_len: int, vocab_size: int,
                         prefix_hash_ids: Sequence[int] | None = None,
-                        hash_block_tokens: int = PREFIX_BLOCK_TOKENS) -> list[int]:
-    """prompt_len token ids in [3, vocab_size): hash block i from id i alone, the rest from key."""
+                        hash_block_tokens: int = PREFIX_BLOCK_TOKENS,
+                        prefix_hash_tokens: Sequence[int] | None = None) -> list[int]:
+    """prompt_len token ids in [3, vocab_size): hash block i from id i alone, the rest from key.
+
+    Block i is prefix_hash_tokens[i] tokens long when given (token-granular prefixes), else
+    hash_block_tokens; an id's tokens are the same stream whatever its length, so a prefix
+    cut short still shares its start."""
     if prompt_len < 0 or hash_block_tokens < 1:
         raise ValueError(f"prompt_len must be >= 0 and hash_block_tokens >= 1, got "
                          f"{prompt_len}, {hash_block_tokens}")
@@ -38,11 +43,16 @@ def synth_prompt_tokens(key: int | str, prompt_len: int, vocab_size: int,
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     parts: list[np.ndarray] = []
     covered = 0
-    for hash_id in prefix_hash_ids or ():
+    ids = list(prefix_hash_ids or ())
+    lengths = list(prefix_hash_tokens) if prefix_hash_tokens is not None else None
+    if lengths is not None and len(lengths) != len(ids):
+        raise ValueError(f"{len(lengths)} prefix token counts for {len(ids)} prefix hash ids")
+    for index, hash_id in enumerate(ids):
         if covered >= prompt_len:
             break
         rng = np.random.default_rng([_HASH_DOMAIN, stable_seed(int(hash_id))])
-        block = rng.integers(low, vocab_size, hash_block_tokens)
+        block = rng.integers(low, vocab_size, hash_block_tokens if lengths is None
+                             else lengths[index])
         parts.append(block[: prompt_len - covered])
         covered += len(parts[-1])
     if covered < prompt_len:
@@ -58,5 +68,6 @@ def attach_prompt_tokens(requests: Sequence[Request], vocab_size: int, seed: int
         if request.prompt_token_ids is not None:
             continue
         key = f"{seed}:{request.request_id}"
-        request.prompt_token_ids = synth_prompt_tokens(key, request.prompt_len, vocab_size,
-                                                       request.prefix_hash_ids)
+        request.prompt_token_ids = synth_prompt_tokens(
+            key, request.prompt_len, vocab_size, request.prefix_hash_ids,
+            prefix_hash_tokens=request.prefix_hash_tokens)

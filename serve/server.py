@@ -26,6 +26,7 @@ from serve.handoff import Clock
 from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog
 from serve.state import ApiConfig, ServeState
+from serve.tokenize_api import add_tokenize_routes
 from serve.tokenizer import Tokenizer
 from sim.core import Backend
 from sim.scheduler import Scheduler
@@ -84,7 +85,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _uvicorn_config(state: ServeState, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(build_app(state), lifespan="off", access_log=False, http="h11",
+    app = add_tokenize_routes(build_app(state), state)  # vLLM's /tokenize and /detokenize
+    return uvicorn.Config(app, lifespan="off", access_log=False, http="h11",
                           ws="none", loop="asyncio", log_level=log_level,
                           timeout_graceful_shutdown=5)
 

@@ -43,6 +43,9 @@ class TraceSummary:
     unique_prefix_blocks: int | None = None
     # Prefix cache hit rate with an unbounded KV pool (prefix_reuse_ceiling); None without ids.
     prefix_reuse_ceiling: float | None = None
+    sessions: int | None = None  # conversations (or closed-loop users); None: no sessions
+    turns_mean: float | None = None  # requests per session
+    think_s_mean: float | None = None  # over turns after the first
     tenants: tuple[GroupSummary, ...] | None = None  # in order of first arrival; None: no column
     priorities: tuple[GroupSummary, ...] | None = None  # lowest (served first) first
 
@@ -78,9 +81,21 @@ def summarize(trace: Trace) -> TraceSummary:
         prefix_blocks=blocks,
         unique_prefix_blocks=unique,
         prefix_reuse_ceiling=ceiling,
+        **_session_stats(trace),
         tenants=summarize_groups(trace, "tenant"),
         priorities=summarize_groups(trace, "priority"),
     )
+
+
+def _session_stats(trace: Trace) -> dict:
+    """Sessions, mean turns per session and mean think time (turns after the first)."""
+    if not trace.has_sessions:
+        return {}
+    table = trace.table
+    sessions = int(table["session_id"].nunique())
+    later = table.loc[table["turn"] > 0, "think_s"]
+    return {"sessions": sessions, "turns_mean": len(table) / sessions,
+            "think_s_mean": float(later.mean()) if len(later) else None}
 
 
 def summarize_groups(trace: Trace, column: str) -> tuple[GroupSummary, ...] | None:
@@ -169,6 +184,11 @@ def format_summary(summary: TraceSummary) -> str:
         lines.append(
             f"prefix_ceiling   {number(summary.prefix_reuse_ceiling, 4)} "
             "(prefix reuse ceiling: hit rate with an unbounded KV pool)"
+        )
+    if summary.sessions is not None:
+        lines.append(
+            f"sessions         {summary.sessions} ({number(summary.turns_mean, 1)} turns each, "
+            f"think {number(summary.think_s_mean, 1)} s mean)"
         )
     lines.append(f"{'tokens':<12}{'mean':>10}{'p50':>10}{'p99':>10}")
     for label, values in (

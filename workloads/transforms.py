@@ -105,7 +105,7 @@ def _cut_segments(ids: list[int], tokens: list[int], prompt_len: int) -> tuple[l
         if covered >= prompt_len:
             break
         kept_ids.append(hash_id)
-        kept_tokens.append(min(count, prompt_len - covered))
+        kept_tokens.append(int(min(count, prompt_len - covered)))
         covered += kept_tokens[-1]
     return kept_ids, kept_tokens
 

@@ -43,3 +43,13 @@ def test_bad_arguments_are_rejected():
         synth_prompt_tokens("a", -1, 320)
     with pytest.raises(ValueError, match="vocab_size"):
         synth_prompt_tokens("a", 3, 0)
+
+
+def test_token_granular_prefixes_share_exactly_their_stated_tokens():
+    from executor.prompts import synth_prompt_tokens
+
+    a = synth_prompt_tokens("a", 547, 1000, [7, 8], prefix_hash_tokens=[100, 447])
+    b = synth_prompt_tokens("b", 547, 1000, [7, 9], prefix_hash_tokens=[100, 447])
+    cut = synth_prompt_tokens("c", 60, 1000, [7], prefix_hash_tokens=[100])
+    assert a[:100] == b[:100] and a[100:] != b[100:]
+    assert cut == a[:60]
