@@ -62,16 +62,11 @@ def prompt_plans(trace: Trace, seed: int, salt: str = "") -> list[PromptPlan]:
 
 
 def prompt_tokens(plan: PromptPlan, vocab_size: int) -> list[int]:
-    """The plan's token ids: each segment from its id alone, cut to prompt_len, the rest
-    drawn from the plan's key."""
-    out: list[int] = []
-    for seg_id, count in zip(plan.segment_ids, plan.segment_tokens, strict=True):
-        if len(out) >= plan.prompt_len:
-            break
-        out += segment_tokens(seg_id, count, vocab_size, plan.salt)
-    if len(out) >= plan.prompt_len:
-        return out[:plan.prompt_len]
-    return out + synth_prompt_tokens(plan.key, plan.prompt_len - len(out), vocab_size)
+    """The plan's token ids: each segment's from its id (salted) alone, cut to prompt_len,
+    the rest drawn from the plan's key."""
+    ids = [_salted(seg_id, plan.salt) for seg_id in plan.segment_ids]
+    return synth_prompt_tokens(plan.key, plan.prompt_len, vocab_size, ids,
+                               prefix_hash_tokens=plan.segment_tokens)
 
 
 def conversation_prompt(plan: PromptPlan, planned_ids: list[int],
@@ -87,10 +82,8 @@ def conversation_prompt(plan: PromptPlan, planned_ids: list[int],
     return out + planned_ids[at:]
 
 
-def segment_tokens(segment_id: int, count: int, vocab_size: int, salt: str = "") -> list[int]:
-    """The `count` tokens of one prefix segment: drawn from its id (and the salt) alone."""
-    drawn_from = stable_seed(f"{salt}/{segment_id}") if salt else segment_id
-    return synth_prompt_tokens("", count, vocab_size, [drawn_from], hash_block_tokens=count)
+def _salted(segment_id: int, salt: str) -> int:
+    return stable_seed(f"{salt}/{segment_id}") if salt else segment_id
 
 
 def remember_turn(conversation: Conversation, plan: PromptPlan, output_ids: list[int],
