@@ -28,11 +28,12 @@ from serve.bench_prompts import (
 )
 from serve.closed_loop import chains_of, drive
 from serve.connection import (
+    COUNTERS,
     BenchConfig,
     make_client,
     model_card,
     post_once_more_if_unsent,
-    scrape_preemptions,
+    scrape_counters,
 )
 from sim.core import FinishReason, Request
 from sim.metrics import Slo, summarize
@@ -71,6 +72,9 @@ class BenchResult:
     preemptions: int | None = None
     retried: int = 0
     cut_short: str | None = None  # why the run ended before every request did, if it did
+    # The server's prefix cache hits over the prompt tokens it looked up during the run
+    # (from /metrics); None if it does not say.
+    prefix_cache_hit_rate: float | None = None
 
 
 def bench_requests(trace: Trace, vocab_size: int, seed: int = 0, salt: str = ""
@@ -125,7 +129,7 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig,
     """
     async with make_client(config) as client, make_client(config, pooled=False) as fresh:
         model = (await model_card(client, config.model))["id"]
-        before = await scrape_preemptions(client)
+        before = await scrape_counters(client)
         records = [Request(r.request_id, r.arrival_s, len(r.prompt_token_ids), r.max_tokens,
                            list(r.prompt_token_ids)) for r in requests]
         run = _Run(client, fresh, model, asyncio.Semaphore(config.max_concurrency
@@ -150,9 +154,12 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig,
         for record in records:
             if record.finish_reason is None:
                 _fail(record, run.errors, cut_short or "never sent")
-        after = await scrape_preemptions(client)
-    preemptions = after - before if before is not None and after is not None else None
-    return BenchResult(records, run.errors, preemptions, run.retried, cut_short)
+        after = await scrape_counters(client)
+    preemptions, hits, queries = (after[k] - before[k] if k in before and k in after else None
+                                  for k in COUNTERS)
+    hit_rate = hits / queries if hits is not None and queries else None
+    return BenchResult(records, run.errors, None if preemptions is None else int(preemptions),
+                       run.retried, cut_short, hit_rate)
 
 
 async def _wait(driver: asyncio.Task, run: _Run, timeout_s: float, records: list[Request],
@@ -279,5 +286,7 @@ def summarize_bench(result: BenchResult, slo: Slo | None = None) -> dict:
     for key in _SERVER_SIDE_KEYS:
         summary.pop(key, None)
     summary["preemptions"] = result.preemptions
+    if result.prefix_cache_hit_rate is not None:  # else the client cannot know it
+        summary["prefix_cache_hit_rate"] = result.prefix_cache_hit_rate
     summary["retried"] = result.retried
     return summary

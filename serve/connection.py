@@ -121,18 +121,23 @@ async def model_card(client: aiohttp.ClientSession, model: str | None) -> dict:
     raise ValueError(f"the server does not serve model {model!r}")
 
 
-async def scrape_preemptions(client: aiohttp.ClientSession) -> int | None:
-    """vllm:num_preemptions_total from /metrics, or None if the server exposes none."""
+# The server counters a run reads before and after itself (vLLM's names).
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_hits_total",
+            "vllm:prefix_cache_queries_total")
+
+
+async def scrape_counters(client: aiohttp.ClientSession) -> dict[str, float]:
+    """The COUNTERS the server's /metrics exposes (summed over labels); {} if none."""
     try:
         async with client.get("metrics") as response:
             if response.status != 200:
-                return None
+                return {}
             text = await response.text()
     except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-    total = None
+        return {}
+    totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "vllm:num_preemptions_total":
-                total = (total or 0) + int(sample.value)
-    return total
+            if sample.name in COUNTERS:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
