@@ -70,6 +70,9 @@ def stage_runner(trace: Trace, config: BenchConfig, vocab_size: int, seed: int,
                "duration_s": time.perf_counter() - started_s}
         row.update({k: summary[k] for k in ("completed", "failed", "p99_ttft_ms", "p99_itl_ms",
                                             "output_throughput", "request_throughput")})
+        # Requests the early stop cut off are not the server's failures.
+        row["stopped"] = sum(r.finish_detail == STOPPED for r in result.requests)
+        row["failed"] -= row["stopped"]
         left_s = limit_s - row["duration_s"]
         if result.cut_short is not None and left_s > 0:
             await wait_until_idle(config, min(drain_s, left_s))

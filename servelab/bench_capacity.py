@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from servelab.sim_args import write_json_atomic
 
-_STAGE_COLUMNS = ("stage", "rate_rps", "requests", "completed", "failed", "p99_ttft_ms",
+_STAGE_COLUMNS = ("stage", "rate_rps", "requests", "completed", "failed", "stopped",
+                  "p99_ttft_ms",
                   "p99_itl_ms", "output_throughput", "verdict", "duration_s")
 
 
@@ -104,7 +105,7 @@ def _verdict(row: dict) -> str:
 
 
 def _stage_header() -> str:
-    return (f"{'stage':>5} {'rate/s':>8} {'sent':>5} {'done':>5} {'failed':>6} "
+    return (f"{'stage':>5} {'rate/s':>8} {'reqs':>5} {'done':>5} {'failed':>6} {'cut':>5} "
             f"{'p99 TTFT ms':>12} {'p99 ITL ms':>11} {'tok/s':>8}  verdict")
 
 
@@ -113,7 +114,8 @@ def _stage_line(row: dict) -> str:
         return f"{value:12.1f}" if value is not None else f"{'-':>12}"
 
     return (f"{row['stage']:>5} {row['rate_rps']:8.3g} {row['requests']:>5} "
-            f"{row['completed']:>5} {row['failed']:>6} {ms(row['p99_ttft_ms'])}"
+            f"{row['completed']:>5} {row['failed']:>6} {row['stopped']:>5} "
+            f"{ms(row['p99_ttft_ms'])}"
             f"{ms(row['p99_itl_ms'])[1:]} {row['output_throughput']:8.1f}  {row['verdict']}")
 
 
@@ -133,6 +135,9 @@ def _write(args: argparse.Namespace, trace, model: str, slo, result, stages: lis
         table.to_csv(args.out / "stages.csv", index=False)
         # The chart draws every configuration's line; here there is one, the server.
         chart = table.assign(policy=model, num_blocks=0, token_budget=0, max_num_seqs=0)
+        # A stage stopped early measured a part of its run: its throughput is no point on
+        # the curve (its latencies still show the break).
+        chart["output_throughput"] = chart["output_throughput"].where(~chart["stopped_early"])
         path = latency_vs_load(chart[~chart["incomplete"]], [record], slo, args.out,
                                f"{trace.name} against {args.url}, measured by the client")
         print(f"wrote {args.out / 'stages.csv'} and {path}")
