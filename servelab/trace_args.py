@@ -17,6 +17,9 @@ TRACE is one of:
                        an inference-perf config (.yml: its data and load.stages);
                        the format is detected from the content (force it with --format)
   a synthetic spec     see below
+  a vllm: spec         vLLM bench's random or prefix_repetition dataset in its own
+                       option names, e.g. vllm:dataset_name=random,num_prompts=500,
+                       request_rate=4,random_input_len=1024,random_prefix_len=100
 
 Transforms run in this order: --start-s/--end-s window (re-zeroed), --max-requests,
 --qps-scale, --length-scale (with --prompt-scale/--output-scale on top),

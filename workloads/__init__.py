@@ -13,11 +13,14 @@ from workloads.generators import (
     generate_trace,
     poisson_arrivals_s,
 )
+from workloads.inference_perf import ConfigError, read_inference_perf
 from workloads.loaders import FORMATS, detect_format, load_trace
+from workloads.sessions import Seconds, SessionSpec
+from workloads.shapes import Stage
 from workloads.sources import open_trace
 from workloads.spec import SPEC_HELP, SpecError, is_synthetic_spec, parse_spec
 from workloads.summary import TraceSummary, format_summary, summarize
-from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
+from workloads.trace import PREFIX_BLOCK_TOKENS, SessionColumns, Trace
 from workloads.transforms import (
     TraceTransforms,
     clip_lengths,
@@ -25,6 +28,7 @@ from workloads.transforms import (
     scale_lengths,
     scale_qps,
     time_window,
+    with_hash_block_tokens,
 )
 from workloads.validate import TraceError
 from workloads.writers import save_trace
@@ -34,12 +38,17 @@ __all__ = [
     "FORMATS",
     "PREFIX_BLOCK_TOKENS",
     "SPEC_HELP",
+    "ConfigError",
     "Empirical",
     "Fixed",
     "LengthDist",
     "LogNormal",
     "Pareto",
+    "Seconds",
+    "SessionColumns",
+    "SessionSpec",
     "SpecError",
+    "Stage",
     "SyntheticSpec",
     "Trace",
     "TraceError",
@@ -47,6 +56,8 @@ __all__ = [
     "TraceTransforms",
     "Uniform",
     "clip_lengths",
+    "read_inference_perf",
+    "with_hash_block_tokens",
     "detect_format",
     "format_summary",
     "gamma_arrivals_s",

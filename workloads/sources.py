@@ -1,4 +1,5 @@
-"""Open a trace from what a user types: a bundled name, a synthetic spec or a file path."""
+"""Open a trace from what a user types: a bundled name, a synthetic or vllm: spec, an
+inference-perf config or a trace file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from workloads.inference_perf import is_inference_perf_config, read_inference_pe
 from workloads.loaders import load_trace
 from workloads.spec import is_synthetic_spec, parse_parts
 from workloads.trace import Trace
+from workloads.vllm_bench import is_vllm_spec, vllm_trace
 
 
 def open_trace(source: str, fmt: str | None = None, seed: int = 0) -> Trace:
@@ -19,6 +21,10 @@ def open_trace(source: str, fmt: str | None = None, seed: int = 0) -> Trace:
             raise ValueError("a format applies to trace files, not to a synthetic spec")
         parts = parse_parts(source, resolve=_open_real)
         return generate_parts(parts, part_rngs(seed, len(parts)), name=source)
+    if is_vllm_spec(source):
+        if fmt is not None:
+            raise ValueError("a format applies to trace files, not to a vllm: spec")
+        return vllm_trace(source, part_rngs(seed, 1)[0])
     path = Path(source)
     if fmt == "inference-perf" or (fmt is None and path.is_file()
                                    and is_inference_perf_config(path)):

@@ -130,3 +130,34 @@ def test_a_timed_trace_states_its_hash_block_size(tmp_path: Path, capsys):
     back = [json.loads(line) for line in saved.read_text().splitlines()]
     assert back[0]["prefix_hash_tokens"] == [16, 16, 8]
     assert "prefix_ceiling   0.4000" in out  # 32 of 80 prompt tokens: request 2's two blocks
+
+
+def test_vllm_random_options_with_a_prefix(capsys):
+    trace = open_trace("vllm:dataset_name=random,num_prompts=300,request_rate=5,"
+                       "random_input_len=200,random_output_len=50,random_range_ratio=0.5,"
+                       "--random-prefix-len=100")
+    assert len(trace) == 300 and trace.prompt_len.min() >= 100 + 100
+    assert trace.prompt_len.max() <= 100 + 300 and trace.output_len.max() <= 75
+    assert {tuple(t) for t in trace.table["prefix_hash_tokens"]} == {(100,)}
+    assert 40 < trace.span_s < 80
+
+
+def test_vllm_prefix_repetition_and_the_default_infinite_rate():
+    trace = open_trace("vllm:dataset_name=prefix_repetition,num_prompts=50,"
+                       "prefix_repetition_prefix_len=64,prefix_repetition_suffix_len=32,"
+                       "prefix_repetition_num_prefixes=5,prefix_repetition_output_len=8")
+    assert (trace.arrival_s == 0).all() and (trace.prompt_len == 96).all()
+    assert len({ids[0] for ids in trace.table["prefix_hash_ids"]}) == 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ("vllm:dataset_name=sonnet", "dataset_name"),
+        ("vllm:dataset_name=random,random_prefix=3", "random_prefix"),
+        ("vllm:dataset_name=random,random_input_len=x", "random_input_len"),
+        ("vllm:dataset_name=random,random_range_ratio=1.5", "random_range_ratio"),
+    ],
+)
+def test_vllm_spec_errors_name_the_option(capsys, spec: str, field: str):
+    assert field in error_of(capsys, spec)
