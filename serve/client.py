@@ -1,7 +1,9 @@
-"""The trace-replay load client: send each request at its trace time, time every streamed token.
+"""The trace-replay load client: send each request at its trace time (or as serve.closed_loop
+schedules sessions and closed-loop users), time every streamed token.
 
 Like `vllm bench serve`: prompts are token ids (synthesized for traces that only carry
-lengths), max_tokens is the trace's output length, EOS is ignored, every response streams.
+lengths, with really shared leading tokens where the trace says so: serve.bench_prompts),
+max_tokens is the trace's output length, EOS is ignored, every response streams.
 Each request becomes a sim.core.Request stamped with client-side times (send, every token,
 last token), so sim.metrics.summarize computes the same keys as the simulator.
 """
@@ -15,10 +17,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from executor.prompts import synth_prompt_tokens
-from serve.connection import BenchConfig, make_client, post_once_more_if_unsent
+from serve.bench_prompts import (
+    Conversation,
+    PromptPlan,
+    conversation_prompt,
+    prompt_plans,
+    prompt_tokens,
+    remember_turn,
+)
+from serve.closed_loop import chains_of, drive
+from serve.connection import (
+    COUNTERS,
+    BenchConfig,
+    make_client,
+    model_card,
+    post_once_more_if_unsent,
+    scrape_counters,
+)
 from sim.core import FinishReason, Request
 from sim.metrics import Slo, summarize
 from sim.simulation import RunResult
@@ -40,6 +56,10 @@ class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     tenant: str | None = None  # sent as the body's `user`
+    session_id: str | None = None  # turns of one session wait for each other
+    turn: int = 0
+    think_s: float = 0.0  # after the previous turn's answer, before this one
+    plan: PromptPlan | None = None  # rebuilds a later turn's prompt around the real answers
 
 
 @dataclass
@@ -51,26 +71,35 @@ class BenchResult:
     errors: list[str] = field(default_factory=list)
     preemptions: int | None = None
     retried: int = 0
+    cut_short: str | None = None  # why the run ended before every request did, if it did
+    # The server's prefix cache hits over the prompt tokens it looked up during the run
+    # (from /metrics); None if it does not say.
+    prefix_cache_hit_rate: float | None = None
 
 
-def bench_requests(trace: Trace, vocab_size: int, seed: int = 0) -> list[BenchRequest]:
-    """The trace's requests with synthetic prompts (equal prefix hash ids share tokens)."""
+def bench_requests(trace: Trace, vocab_size: int, seed: int = 0, salt: str = ""
+                   ) -> list[BenchRequest]:
+    """The trace's requests with synthetic prompts (equal prefix segments share tokens; a
+    `salt` makes every token differ from another salt's) and their places in sessions."""
     table = trace.table
-    hashes = table["prefix_hash_ids"].tolist() if trace.has_prefix_hashes else None
-    tenants = table["tenant"].tolist() if "tenant" in table.columns else None
+    tenants = table["tenant"].tolist() if "tenant" in table.columns else [None] * len(trace)
+    if trace.has_sessions:
+        sessions = zip(table["session_id"].tolist(), table["turn"].tolist(),
+                       table["think_s"].tolist(), strict=True)
+    else:
+        sessions = ((None, 0, 0.0) for _ in range(len(trace)))
     out = []
-    for i, (rid, arrival, prompt_len, output_len) in enumerate(zip(
-            trace.request_ids, trace.arrival_s.tolist(), trace.prompt_len.tolist(),
-            trace.output_len.tolist(), strict=True)):
-        ids = synth_prompt_tokens(f"{seed}:{rid}", prompt_len, vocab_size,
-                                  hashes[i] if hashes else None)
-        out.append(BenchRequest(rid, arrival, ids, output_len, tenants[i] if tenants else None))
+    for rid, arrival, output_len, plan, tenant, (session, turn, think_s) in zip(
+            trace.request_ids, trace.arrival_s.tolist(), trace.output_len.tolist(),
+            prompt_plans(trace, seed, salt), tenants, sessions, strict=True):
+        out.append(BenchRequest(rid, arrival, prompt_tokens(plan, vocab_size), output_len,
+                                tenant, session, int(turn), float(think_s), plan))
     return out
 
 
 async def replay_trace(trace: Trace, config: BenchConfig, vocab_size: int | None = None,
-                       seed: int = 0, on_done: Callable[[], None] | None = None
-                       ) -> tuple[str, int, BenchResult]:
+                       seed: int = 0, on_done: Callable[[], None] | None = None,
+                       users: int | None = None) -> tuple[str, int, BenchResult]:
     """Ask the server for its model (and vocab, unless given), then replay the trace: the
     model id, the vocab size the prompts were drawn from, and the result."""
     async with make_client(config) as client:
@@ -78,68 +107,75 @@ async def replay_trace(trace: Trace, config: BenchConfig, vocab_size: int | None
     vocab = vocab_size or card.get("vocab_size")
     if not vocab:
         raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
-    result = await run_bench(bench_requests(trace, int(vocab), seed), config, on_done)
+    result = await run_bench(bench_requests(trace, int(vocab), seed), config, on_done, users)
     return card["id"], int(vocab), result
 
 
-async def model_card(client: aiohttp.ClientSession, model: str | None) -> dict:
-    """The server's card for `model` (or its first), from GET /v1/models."""
-    async with client.get("v1/models") as response:
-        if response.status != 200:
-            text = (await response.text())[:200]
-            raise ValueError(f"GET /v1/models: HTTP {response.status}: {text}")
-        cards = (await response.json()).get("data") or []
-    for card in cards:
-        if model is None or card.get("id") == model:
-            return card
-    raise ValueError(f"the server does not serve model {model!r}")
-
-
-async def scrape_preemptions(client: aiohttp.ClientSession) -> int | None:
-    """vllm:num_preemptions_total from /metrics, or None if the server exposes none."""
-    try:
-        async with client.get("metrics") as response:
-            if response.status != 200:
-                return None
-            text = await response.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-    total = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:num_preemptions_total":
-                total = (total or 0) + int(sample.value)
-    return total
+# Looks at a run in progress (every record, the ids of those sent, seconds since the start)
+# and says whether to stop it now: a caller whose verdict is already certain.
+StopCheck = Callable[[list[Request], set[str], float], bool]
+STOP_POLL_S = 0.1  # how often a StopCheck looks
+TIME_LIMIT = "unfinished after the {timeout_s} s time limit"
+STOPPED = "unfinished when the run was stopped early"
 
 
 async def run_bench(requests: list[BenchRequest], config: BenchConfig,
-                    on_done: Callable[[], None] | None = None) -> BenchResult:
-    """Send every request at its time; stop waiting after config.timeout_s.
+                    on_done: Callable[[], None] | None = None, users: int | None = None,
+                    stop: StopCheck | None = None) -> BenchResult:
+    """Send every request as serve.closed_loop schedules it (`users`: that many closed-loop
+    users); stop waiting after config.timeout_s, or once `stop` says so.
 
     `on_done` is called as each request ends (a progress bar).
     """
     async with make_client(config) as client, make_client(config, pooled=False) as fresh:
         model = (await model_card(client, config.model))["id"]
-        before = await scrape_preemptions(client)
+        before = await scrape_counters(client)
         records = [Request(r.request_id, r.arrival_s, len(r.prompt_token_ids), r.max_tokens,
                            list(r.prompt_token_ids)) for r in requests]
         run = _Run(client, fresh, model, asyncio.Semaphore(config.max_concurrency
                                                            or len(requests) or 1))
-        tasks = [asyncio.create_task(_send(run, r, rec)) for r, rec in
-                 zip(requests, records, strict=True)]
-        if on_done is not None:
-            for task in tasks:
-                task.add_done_callback(lambda _: on_done())
-        _, pending = await asyncio.wait(tasks, timeout=config.timeout_s) if tasks else ((), ())
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+
+        async def send_row(row: int, conversation: Conversation | None) -> None:
+            try:
+                await _send(run, requests[row], records[row], conversation)
+            finally:
+                if on_done is not None:
+                    on_done()
+
+        chains = chains_of([r.session_id for r in requests], [r.turn for r in requests],
+                           [r.arrival_s for r in requests])
+        driver = asyncio.create_task(drive(chains, [r.think_s for r in requests], send_row,
+                                           run.t0, users))
+        cut_short = await _wait(driver, run, config.timeout_s, records, stop)
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+        if cut_short is None:
+            driver.result()  # a scheduling error surfaces here
         for record in records:
             if record.finish_reason is None:
-                _fail(record, run.errors, f"unfinished after the {config.timeout_s} s time limit")
-        after = await scrape_preemptions(client)
-    preemptions = after - before if before is not None and after is not None else None
-    return BenchResult(records, run.errors, preemptions, run.retried)
+                _fail(record, run.errors, cut_short or "never sent")
+        after = await scrape_counters(client)
+    preemptions, hits, queries = (after[k] - before[k] if k in before and k in after else None
+                                  for k in COUNTERS)
+    hit_rate = hits / queries if hits is not None and queries else None
+    return BenchResult(records, run.errors, None if preemptions is None else int(preemptions),
+                       run.retried, cut_short, hit_rate)
+
+
+async def _wait(driver: asyncio.Task, run: _Run, timeout_s: float, records: list[Request],
+                stop: StopCheck | None) -> str | None:
+    """Until every request ended; why the run was cut short, or None."""
+    deadline_s = run.t0 + timeout_s
+    while True:
+        left_s = deadline_s - time.perf_counter()
+        if left_s <= 0:
+            return TIME_LIMIT.format(timeout_s=timeout_s)
+        done, _ = await asyncio.wait({driver}, timeout=min(left_s, STOP_POLL_S) if stop
+                                     else left_s)
+        if done:
+            return None
+        if stop is not None and stop(records, run.sent, time.perf_counter() - run.t0):
+            return STOPPED
 
 
 @dataclass
@@ -153,32 +189,48 @@ class _Run:
     t0: float = field(default_factory=time.perf_counter)
     errors: list[str] = field(default_factory=list)
     retried: int = 0
+    sent: set[str] = field(default_factory=set)  # ids of the requests sent so far
 
 
-async def _send(run: _Run, sent: BenchRequest, record: Request) -> None:
-    delay = run.t0 + sent.arrival_s - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
+async def _send(run: _Run, sent: BenchRequest, record: Request,
+                conversation: Conversation | None = None) -> None:
     async with run.gate:
-        payload = {"model": run.model, "prompt": sent.prompt_token_ids,
-                   "max_tokens": sent.max_tokens, "temperature": 0.0, "ignore_eos": True,
-                   "stream": True, "return_token_ids": True}
-        if sent.tenant is not None:
-            payload["user"] = sent.tenant
-        record.arrival_s = time.perf_counter() - run.t0  # TTFT counts from the actual send
-        try:
-            response, again = await post_once_more_if_unsent(run.client, run.fresh,
-                                                             "v1/completions", payload)
-            run.retried += again
-            async with response:
-                if response.status != 200:
-                    text = (await response.text(errors="replace"))[:200]
-                    _fail(record, run.errors, f"HTTP {response.status}: {text}",
-                          FinishReason.REJECTED if response.status == 400 else None)
-                    return
-                await _read_stream(response, record, run.t0, run.errors)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
-            _fail(record, run.errors, f"{type(exc).__name__}: {exc}")
+        if conversation is not None and sent.plan is not None:
+            if conversation.ids_missing:
+                _fail(record, run.errors, "the server streamed an earlier answer of the "
+                      "session without token ids (return_token_ids); the conversation "
+                      "cannot be carried on")
+                return
+            record.prompt_token_ids = conversation_prompt(sent.plan, record.prompt_token_ids,
+                                                          conversation)
+            record.prompt_len = len(record.prompt_token_ids)
+        await _post(run, sent, record)
+    if conversation is not None and sent.plan is not None:
+        remember_turn(conversation, sent.plan, record.output_token_ids,
+                      len(record.token_times_s))
+
+
+async def _post(run: _Run, sent: BenchRequest, record: Request) -> None:
+    payload = {"model": run.model, "prompt": record.prompt_token_ids,
+               "max_tokens": sent.max_tokens, "temperature": 0.0, "ignore_eos": True,
+               "stream": True, "return_token_ids": True}
+    if sent.tenant is not None:
+        payload["user"] = sent.tenant
+    record.arrival_s = time.perf_counter() - run.t0  # TTFT counts from the actual send
+    run.sent.add(record.request_id)
+    try:
+        response, again = await post_once_more_if_unsent(run.client, run.fresh,
+                                                         "v1/completions", payload)
+        run.retried += again
+        async with response:
+            if response.status != 200:
+                text = (await response.text(errors="replace"))[:200]
+                _fail(record, run.errors, f"HTTP {response.status}: {text}",
+                      FinishReason.REJECTED if response.status == 400 else None)
+                return
+            await _read_stream(response, record, run.t0, run.errors)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+        _fail(record, run.errors, f"{type(exc).__name__}: {exc}")
 
 
 async def _read_stream(response: aiohttp.ClientResponse, record: Request, t0: float,
@@ -234,5 +286,7 @@ def summarize_bench(result: BenchResult, slo: Slo | None = None) -> dict:
     for key in _SERVER_SIDE_KEYS:
         summary.pop(key, None)
     summary["preemptions"] = result.preemptions
+    if result.prefix_cache_hit_rate is not None:  # else the client cannot know it
+        summary["prefix_cache_hit_rate"] = result.prefix_cache_hit_rate
     summary["retried"] = result.retried
     return summary

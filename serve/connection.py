@@ -1,6 +1,7 @@
 """The load client's HTTP sessions: a keep-alive pool that lets go of idle connections before
 a server would, and one more try, on a new connection, for a request that never reached the
-server (a pooled connection the server had closed, or none opened at all)."""
+server (a pooled connection the server had closed, or none opened at all); and what the
+client asks a server besides completions: its model card, its preemption count."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass(frozen=True)
@@ -104,3 +106,38 @@ async def post_once_more_if_unsent(client: aiohttp.ClientSession,
         if not never_reached_server(exc, attempt.reused):
             raise
     return await fresh.post(path, json=payload), True
+
+
+async def model_card(client: aiohttp.ClientSession, model: str | None) -> dict:
+    """The server's card for `model` (or its first), from GET /v1/models."""
+    async with client.get("v1/models") as response:
+        if response.status != 200:
+            text = (await response.text())[:200]
+            raise ValueError(f"GET /v1/models: HTTP {response.status}: {text}")
+        cards = (await response.json()).get("data") or []
+    for card in cards:
+        if model is None or card.get("id") == model:
+            return card
+    raise ValueError(f"the server does not serve model {model!r}")
+
+
+# The server counters a run reads before and after itself (vLLM's names).
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_hits_total",
+            "vllm:prefix_cache_queries_total")
+
+
+async def scrape_counters(client: aiohttp.ClientSession) -> dict[str, float]:
+    """The COUNTERS the server's /metrics exposes (summed over labels); {} if none."""
+    try:
+        async with client.get("metrics") as response:
+            if response.status != 200:
+                return {}
+            text = await response.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return {}
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in COUNTERS:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
