@@ -1,8 +1,9 @@
 """servelab's own CPU kernels (csrc/): a float32 linear layer, paged attention, and the row-wise
 ops between a layer's GEMMs (RMSNorm, SiLU-and-multiply, RoPE with the KV write).
 
-Built on first use with torch's C++ extension loader (a C++ compiler and ninja; about 20 s
-once, then cached by torch) and used for float32 on x86 CPUs with AVX2 and FMA. The inner
+Built on first use with torch's C++ extension loader (a C++ compiler and ninja; under a
+minute once, then cached by torch under a name of its own per source folder, so two checkouts
+never wait on each other's build lock) and used for float32 on x86 CPUs with AVX2 and FMA. The inner
 loops come in two instruction sets, chosen at run time: AVX-512 where the CPU has it, else
 AVX2; SERVELAB_ISA=avx2|avx512 picks one (tests, benchmarks). Against the
 torch path they replace (oneDNN linears, batched-matmul attention over gathered KV) they
@@ -18,6 +19,7 @@ path, which is also batch invariant (tests/executor runs both).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import warnings
@@ -71,10 +73,19 @@ def _build():
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     except (ImportError, AttributeError):
         pass
-    cpp_extension.load(name="servelab_kernels", sources=[str(p) for p in SOURCES],
+    cpp_extension.load(name=_build_name(), sources=[str(p) for p in SOURCES],
                        extra_cflags=FLAGS,
                        is_python_module=False, verbose=False)
     return torch.ops.servelab
+
+
+def _build_name() -> str:
+    """The extension's name in torch's build cache: one per source folder. torch guards a build
+    folder with a lock file that a build killed midway leaves behind, and every later build of
+    that name then waits on it; a name per checkout keeps such a lock in the checkout that left it.
+    """
+    digest = hashlib.sha1(str(CSRC.resolve()).encode()).hexdigest()[:12]
+    return f"servelab_kernels_{digest}"
 
 
 def requested_isa() -> str | None:
