@@ -16,8 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="POST /v1/completions and /v1/chat/completions go to one upstream, chosen "
         "by the simulator's router from each upstream's /metrics (polled) and the router's own "
         "in-flight counts; bodies pass unchanged, streams chunk by chunk. GET /v1/models comes "
-        "from the first upstream that answers; /health and /metrics are the router's own. "
-        "docs/route.md describes the prefix-aware router's index.",
+        "from the first upstream that answers; /health and /metrics are the router's own. An "
+        "upstream that fails requests or health checks is ejected for a growing back-off. "
+        "docs/route.md describes the health rules and the prefix-aware router's index.",
     )
     parser.add_argument("--upstream", required=True, metavar="URL1,URL2,...",
                         help="comma-separated base URLs, e.g. http://127.0.0.1:8001")
