@@ -35,7 +35,7 @@ class RouteMetrics:
                                "1 unless the last connection to the upstream was refused.")
         self.ejected = gauge("servelab_router_upstream_ejected",
                              "1 while the upstream is out of rotation (ejected, or its back-off "
-                             "over and no health check passed yet).")
+                             "over and no health check passed since).")
         self.failures = gauge("servelab_router_upstream_consecutive_failures",
                               "Consecutive failed requests or health checks, the longer streak.")
         self.ejections = Counter("servelab_router_ejections",
@@ -60,7 +60,7 @@ class RouteMetrics:
             self.waiting.labels(u.url).set(-1 if polled is None else polled.num_waiting)
             self.kv_usage.labels(u.url).set(-1 if polled is None else polled.kv_usage)
             self.reachable.labels(u.url).set(int(u.reachable))
-            self.ejected.labels(u.url).set(int(u.health.state(now) != "healthy"))
+            self.ejected.labels(u.url).set(int(not u.health.routable(now)))
             self.failures.labels(u.url).set(max(u.health.request_failures,
                                                 u.health.check_failures))
         self.prefix_keys.set(prefix_keys)
