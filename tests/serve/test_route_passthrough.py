@@ -46,10 +46,6 @@ def test_serve_with_a_non_ascii_api_key_accepts_it_through_the_router(tiny_model
     assert wrong.status_code == 401
 
 
-def events_of(text: str) -> list[str]:
-    return [line for line in text.split("\n") if line]
-
-
 def test_a_stream_broken_off_upstream_ends_with_an_error_event_and_done():
     with DyingUpstream() as dying, router([dying.url]) as r, httpx.stream(
             "POST", f"{r.url}/v1/completions", json={"prompt": "hi", "stream": True},
@@ -71,15 +67,22 @@ def test_an_upstream_killed_under_200_streams_ends_each_with_done_and_the_router
         b.gate.clear()  # b's streams wait before their last chunk
 
         async def main() -> list[list[str]]:
-            async with async_client(r.url) as client:
-                async def one() -> list[str]:
-                    body = {"prompt": "hi", "stream": True, "max_tokens": 3}
-                    async with client.stream("POST", "/v1/completions", json=body) as resp:
-                        assert resp.status_code == 200
-                        return events_of((await resp.aread()).decode())
+            started: list[int] = []  # streams whose first event reached the client
 
-                tasks = [asyncio.ensure_future(one()) for _ in range(count)]
-                while dying.streams + len(b.bodies) < count:
+            async def one(client: httpx.AsyncClient) -> list[str]:
+                body = {"prompt": "hi", "stream": True, "max_tokens": 3}
+                async with client.stream("POST", "/v1/completions", json=body) as resp:
+                    assert resp.status_code == 200
+                    lines = resp.aiter_lines()
+                    first = await anext(lines)
+                    started.append(1)
+                    return [first] + [line async for line in lines if line]
+
+            async with async_client(r.url) as client:
+                tasks = [asyncio.ensure_future(one(client)) for _ in range(count)]
+                # Kill only once every first event is through: a reset discards what the
+                # router had not read yet, and each stream here is to show a break after it.
+                while len(started) < count:
                     await asyncio.sleep(0.01)
                 dying.kill()
                 b.gate.set()
