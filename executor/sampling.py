@@ -11,6 +11,9 @@ import torch
 from sim.core import Request, SamplingParams
 
 _MASK64 = (1 << 64) - 1
+# A temperature below this is greedy, as in vLLM: dividing logits by a tiny one overflows
+# float32 to inf, softmax turns the infs into NaN, and the draw returns the last token id.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 def token_seed(seed: int, index: int) -> int:
@@ -30,7 +33,8 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
 
 
 def is_greedy(params: SamplingParams) -> bool:
-    return params.temperature == 0.0 or params.top_k == 1
+    """Whether the request takes each row's argmax (no random draw)."""
+    return params.temperature < GREEDY_BELOW_TEMPERATURE or params.top_k == 1
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

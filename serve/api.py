@@ -5,20 +5,38 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve.chat import create_chat_completion
+from serve.chat import create_chat_completion, parse_chat
 from serve.completions import create_completion
+from serve.json_body import parse_json
 from serve.metrics import CONTENT_TYPE
-from serve.protocol import ApiError, error_body
+from serve.protocol import ApiError, error_body, parse_completion
 from serve.state import ServeState
 
 log = logging.getLogger(__name__)
+
+# The body parser of each generation endpoint, the one its handler calls: `servelab route`
+# checks a body with it too, so a body is refused the same way with or without the router.
+BODY_PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "/v1/completions": parse_completion,
+    "/v1/chat/completions": parse_chat,
+}
+
+
+def parse_body(path: str, raw: bytes) -> dict[str, Any]:
+    """The JSON object of a body POSTed to `path`; ApiError (400, naming the field) where the
+    server's handler would refuse it before tokenizing."""
+    data = parse_json(raw)
+    BODY_PARSERS[path](data)
+    return data
 
 
 def build_app(state: ServeState) -> FastAPI:

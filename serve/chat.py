@@ -27,11 +27,11 @@ from serve.completions import (
     start_generation,
     usage_of,
 )
+from serve.json_body import parse_json
 from serve.protocol import (
     SSE_DONE,
     ApiError,
     GenerationRequest,
-    parse_json,
     sse,
     usage_chunk,
     valid_text,
@@ -52,9 +52,10 @@ class ChatRequest(GenerationRequest):
     tools: list[Any] | None = None
 
 
-def parse_chat(raw: bytes) -> tuple[ChatRequest, list[dict[str, str]]]:
-    """A valid body and its messages as {"role", "content"} strings; ApiError(400) otherwise."""
-    body = validate_body(parse_json(raw), ChatRequest)
+def parse_chat(data: dict[str, Any]) -> tuple[ChatRequest, list[dict[str, str]]]:
+    """A valid body (from parse_json) and its messages as {"role", "content"} strings;
+    ApiError(400) otherwise."""
+    body = validate_body(data, ChatRequest)
     if body.logprobs:
         raise ApiError(400, "logprobs=True is not supported", param="logprobs")
     if body.tools:
@@ -129,7 +130,7 @@ def _room(state: ServeState, prompt_len: int) -> int:
 async def create_chat_completion(state: ServeState, http: HttpRequest):
     """The whole endpoint after authentication."""
     arrival_s = state.engine.clock.now()
-    body, messages = parse_chat(await read_body(http, state.config.max_body_bytes))
+    body, messages = parse_chat(parse_json(await read_body(http, state.config.max_body_bytes)))
     check_model(state, body)
     prompt = chat_prompt(state, messages)
     gen = start_generation(state, http, body, prompt, _room(state, len(prompt)), arrival_s)

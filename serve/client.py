@@ -18,6 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from executor.prompts import synth_prompt_tokens
+from serve.connection import BenchConfig, make_client, post_once_more_if_unsent
 from sim.core import FinishReason, Request
 from sim.metrics import Slo, summarize
 from sim.simulation import RunResult
@@ -28,27 +29,6 @@ _SERVER_SIDE_KEYS = ("num_steps", "mean_batch_size", "max_batch_size", "mean_kv_
                      "slot_utilization")
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP,
            "abort": FinishReason.ABORTED}
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """Where to send and the bounds of one run."""
-
-    url: str  # the server's base URL, e.g. http://127.0.0.1:8000
-    model: str | None = None  # None: the first model the server lists
-    api_key: str | None = None
-    max_concurrency: int | None = None  # most requests in flight; None: no limit
-    timeout_s: float = 3600.0  # the whole run; requests unfinished by then count as failed
-    request_timeout_s: float = 600.0  # one request, between bytes
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
-        for key in ("timeout_s", "request_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
@@ -64,11 +44,13 @@ class BenchRequest:
 
 @dataclass
 class BenchResult:
-    """Every request as the client saw it, the errors, and server preemptions if scraped."""
+    """Every request as the client saw it, the errors, server preemptions if scraped, and
+    how many requests were sent again after a first try that never reached the server."""
 
     requests: list[Request]
     errors: list[str] = field(default_factory=list)
     preemptions: int | None = None
+    retried: int = 0
 
 
 def bench_requests(trace: Trace, vocab_size: int, seed: int = 0) -> list[BenchRequest]:
@@ -98,16 +80,6 @@ async def replay_trace(trace: Trace, config: BenchConfig, vocab_size: int | None
         raise ValueError(f"{config.url} does not report its vocab size; pass --vocab-size")
     result = await run_bench(bench_requests(trace, int(vocab), seed), config, on_done)
     return card["id"], int(vocab), result
-
-
-def make_client(config: BenchConfig) -> aiohttp.ClientSession:
-    """An HTTP session on the server's base URL, without proxies and without a pool cap."""
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0,
-                                    sock_read=config.request_timeout_s)
-    return aiohttp.ClientSession(
-        base_url=config.url.rstrip("/") + "/", headers=headers, timeout=timeout,
-        connector=aiohttp.TCPConnector(limit=config.max_concurrency or 0), trust_env=False)
 
 
 async def model_card(client: aiohttp.ClientSession, model: str | None) -> dict:
@@ -146,16 +118,15 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig,
 
     `on_done` is called as each request ends (a progress bar).
     """
-    async with make_client(config) as client:
+    async with make_client(config) as client, make_client(config, pooled=False) as fresh:
         model = (await model_card(client, config.model))["id"]
         before = await scrape_preemptions(client)
         records = [Request(r.request_id, r.arrival_s, len(r.prompt_token_ids), r.max_tokens,
                            list(r.prompt_token_ids)) for r in requests]
-        errors: list[str] = []
-        gate = asyncio.Semaphore(config.max_concurrency or len(requests) or 1)
-        t0 = time.perf_counter()
-        tasks = [asyncio.create_task(_send(client, model, r, rec, t0, gate, errors))
-                 for r, rec in zip(requests, records, strict=True)]
+        run = _Run(client, fresh, model, asyncio.Semaphore(config.max_concurrency
+                                                           or len(requests) or 1))
+        tasks = [asyncio.create_task(_send(run, r, rec)) for r, rec in
+                 zip(requests, records, strict=True)]
         if on_done is not None:
             for task in tasks:
                 task.add_done_callback(lambda _: on_done())
@@ -165,34 +136,49 @@ async def run_bench(requests: list[BenchRequest], config: BenchConfig,
         await asyncio.gather(*pending, return_exceptions=True)
         for record in records:
             if record.finish_reason is None:
-                _fail(record, errors, f"unfinished after the {config.timeout_s} s time limit")
+                _fail(record, run.errors, f"unfinished after the {config.timeout_s} s time limit")
         after = await scrape_preemptions(client)
     preemptions = after - before if before is not None and after is not None else None
-    return BenchResult(records, errors, preemptions)
+    return BenchResult(records, run.errors, preemptions, run.retried)
 
 
-async def _send(client: aiohttp.ClientSession, model: str, sent: BenchRequest,
-                record: Request, t0: float, gate: asyncio.Semaphore, errors: list[str]) -> None:
-    delay = t0 + sent.arrival_s - time.perf_counter()
+@dataclass
+class _Run:
+    """What every request of one run shares: the sessions, the gate, the clock, the tallies."""
+
+    client: aiohttp.ClientSession
+    fresh: aiohttp.ClientSession  # new connections only, for the second tries
+    model: str
+    gate: asyncio.Semaphore
+    t0: float = field(default_factory=time.perf_counter)
+    errors: list[str] = field(default_factory=list)
+    retried: int = 0
+
+
+async def _send(run: _Run, sent: BenchRequest, record: Request) -> None:
+    delay = run.t0 + sent.arrival_s - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
-    async with gate:
-        payload = {"model": model, "prompt": sent.prompt_token_ids, "max_tokens": sent.max_tokens,
-                   "temperature": 0.0, "ignore_eos": True, "stream": True,
-                   "return_token_ids": True}
+    async with run.gate:
+        payload = {"model": run.model, "prompt": sent.prompt_token_ids,
+                   "max_tokens": sent.max_tokens, "temperature": 0.0, "ignore_eos": True,
+                   "stream": True, "return_token_ids": True}
         if sent.tenant is not None:
             payload["user"] = sent.tenant
-        record.arrival_s = time.perf_counter() - t0  # TTFT counts from the actual send
+        record.arrival_s = time.perf_counter() - run.t0  # TTFT counts from the actual send
         try:
-            async with client.post("v1/completions", json=payload) as response:
+            response, again = await post_once_more_if_unsent(run.client, run.fresh,
+                                                             "v1/completions", payload)
+            run.retried += again
+            async with response:
                 if response.status != 200:
                     text = (await response.text(errors="replace"))[:200]
-                    _fail(record, errors, f"HTTP {response.status}: {text}",
+                    _fail(record, run.errors, f"HTTP {response.status}: {text}",
                           FinishReason.REJECTED if response.status == 400 else None)
                     return
-                await _read_stream(response, record, t0, errors)
+                await _read_stream(response, record, run.t0, run.errors)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
-            _fail(record, errors, f"{type(exc).__name__}: {exc}")
+            _fail(record, run.errors, f"{type(exc).__name__}: {exc}")
 
 
 async def _read_stream(response: aiohttp.ClientResponse, record: Request, t0: float,
@@ -248,4 +234,5 @@ def summarize_bench(result: BenchResult, slo: Slo | None = None) -> dict:
     for key in _SERVER_SIDE_KEYS:
         summary.pop(key, None)
     summary["preemptions"] = result.preemptions
+    summary["retried"] = result.retried
     return summary

@@ -20,6 +20,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from serve.handoff import Draining, Overloaded, StreamEvent, TokenSink
+from serve.json_body import parse_json
 from serve.protocol import (
     DEFAULT_MAX_TOKENS,
     SSE_DONE,
@@ -157,7 +158,7 @@ def start_generation(state: ServeState, http: HttpRequest, body: GenerationReque
 async def create_completion(state: ServeState, http: HttpRequest):
     """The whole endpoint after authentication."""
     arrival_s = state.engine.clock.now()
-    body = parse_completion(await read_body(http, state.config.max_body_bytes))
+    body = parse_completion(parse_json(await read_body(http, state.config.max_body_bytes)))
     check_model(state, body)
     if isinstance(body.prompt, str):
         prompt = state.tokenizer.encode(body.prompt)

@@ -11,7 +11,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from calibration.remote import Probe, ServerLimits
-from serve.client import BenchConfig, BenchRequest, make_client, model_card, run_bench
+from serve.client import BenchRequest, model_card, run_bench
+from serve.connection import BenchConfig, make_client
 from serve.metrics import CACHE_INFO, KERNEL_INFO
 from sim.core import FinishReason, Request
 

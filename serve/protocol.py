@@ -70,14 +70,15 @@ class GenerationRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=-1)  # 0 or -1 disable top-k (vLLM uses -1)
+    top_k: int = Field(default=0, ge=-1, lt=1 << 63)  # 0 or -1 disable top-k (vLLM uses -1)
     seed: int | None = Field(default=None, ge=0, lt=1 << 63)
     stream: bool = False
     stream_options: StreamOptions | None = None  # read only when streaming
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     stop: Text | list[Text] | None = None
-    priority: int = 0  # lower is served first under --queue priority
+    # Lower is served first under --queue priority; 64-bit, as the seed and top_k.
+    priority: int = Field(default=0, ge=-(1 << 63), lt=1 << 63)
     user: Text | None = None  # the tenant, unless the X-Tenant header names one
     return_token_ids: bool = False  # vLLM's extension: token ids in every choice
     n: int = Field(default=1, ge=1)  # only 1 is served
@@ -111,19 +112,6 @@ _UNION_MESSAGES = {
 Body = TypeVar("Body", bound=GenerationRequest)
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The JSON object of a request body; ApiError(400) for anything else."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON ({exc})") from None
-    except RecursionError:  # the C parser recurses once per level of nesting
-        raise ApiError(400, "request body is not valid JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, f"request body must be a JSON object, got {type(data).__name__}")
-    return data
-
-
 def validate_body(data: dict[str, Any], model: type[Body]) -> Body:
     """`data` as `model`, then the checks both endpoints share; ApiError(400) names the field."""
     try:
@@ -132,6 +120,9 @@ def validate_body(data: dict[str, Any], model: type[Body]) -> Body:
         raise _first_error(exc) from None
     if body.n > 1:
         raise ApiError(400, f"n > 1 is not supported (got n={body.n})", param="n")
+    if body.stream_options is not None and not body.stream:  # vLLM refuses it too
+        raise ApiError(400, "stream_options: allowed only when stream is true",
+                       param="stream_options")
     _check_stop(body.stop_strings())
     return body
 
@@ -161,9 +152,10 @@ def _check_stop(stops: tuple[str, ...]) -> None:
 _UNSUPPORTED = (("echo", False), ("logprobs", None))
 
 
-def parse_completion(raw: bytes) -> CompletionRequest:
-    """Validate a /v1/completions body; raise ApiError(400) naming the first bad field."""
-    body = validate_body(parse_json(raw), CompletionRequest)
+def parse_completion(data: dict[str, Any]) -> CompletionRequest:
+    """Validate a /v1/completions body (from parse_json); ApiError(400) names the first bad
+    field."""
+    body = validate_body(data, CompletionRequest)
     for field, allowed in _UNSUPPORTED:
         if getattr(body, field) != allowed:
             raise ApiError(400, f"{field}={getattr(body, field)!r} is not supported", param=field)

@@ -12,7 +12,6 @@ which is how a vLLM-style server learns to abort the request.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from multidict import CIMultiDict
 
-from serve.api import check_bearer
+from serve.api import check_bearer, parse_body
 from serve.completions import read_body
 from serve.protocol import ApiError
 from serve.route_health import Health, HealthConfig
@@ -162,10 +161,7 @@ async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
     """POST `path` to the chosen upstream (elsewhere while none is reached) and relay it."""
     authorize(state, http)
     raw = await read_body(http, state.config.max_body_bytes)
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON ({exc})") from None
+    body = parse_body(path, raw)  # refused here as the upstream would; forwarded as sent
     blocks = None
     if state.router.needs_prefix:
         blocks = prompt_blocks(body, state.config.prefix_block_tokens)

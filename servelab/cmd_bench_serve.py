@@ -19,7 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench-serve", help="replay a trace against an OpenAI-compatible server",
         description="Send each trace request at its arrival time (synthetic token-id prompts "
         "of the trace's length, max_tokens = output length, EOS ignored, streamed) and report "
-        "TTFT, ITL, TPOT and E2EL as measured by the client, in simulate's summary keys.",
+        "TTFT, ITL, TPOT and E2EL as measured by the client, in simulate's summary keys. "
+        "A request without a complete answer is counted as failed (the first errors are "
+        "listed), never retried once the server may have started it; one whose first try "
+        "never reached the server (no connection, or a pooled one the server had closed) is "
+        "sent once more on a new connection.",
         epilog=TRACE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_trace_args(parser, positional=False)
@@ -55,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s against "
           f"{args.url} ({model})")
     print(format_summaries({"server": summary}))
+    print(f"{summary['failed']} of {len(trace)} requests failed, {summary['rejected']} were "
+          f"rejected; {result.retried} sent again on a new connection after a first try that "
+          "never reached the server")
     for error in result.errors[:5]:
         print(f"  error: {error}")
     if args.json is not None:

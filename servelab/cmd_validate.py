@@ -46,6 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_scheduler_args(val)
     add_model_args(val)
     add_server_args(val)
+    val.add_argument("--max-failed-share", type=float, default=0.05, metavar="SHARE",
+                     help="with --url: the share of the replayed requests that may fail (no "
+                          "complete answer; counted, left out of the measured metrics) before "
+                          "validation stops with an error (default 0.05)")
     val.add_argument("--json", type=Path, default=None, help="write the result as JSON")
     val.add_argument("--out", type=Path, default=None, help="CDF overlays and error table")
     val.set_defaults(func=_run)
@@ -110,6 +114,8 @@ def _at_one_speed(trace, configs: dict, measured: Measured) -> dict | None:
 def _run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if not 0 <= args.max_failed_share <= 1:
+        raise ValueError(f"--max-failed-share must be in [0, 1], got {args.max_failed_share}")
     if args.url is not None:
         from servelab.server_calibration import validate_url
 

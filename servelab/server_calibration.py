@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import sys
 import time
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -23,6 +24,8 @@ from calibration.remote import (
     probes,
 )
 from executor.loading import cpu_model
+
+FIRST_ERRORS = 3  # errors a report lists (the count covers all)
 
 
 def calibrate_url(args: argparse.Namespace) -> int:
@@ -92,13 +95,11 @@ def calibrate_url(args: argparse.Namespace) -> int:
 def validate_url(args: argparse.Namespace) -> int:
     """Replay the trace against --url (--repeats times) and simulate it as that server."""
     from calibration.validation import VALIDATED, compare, overall
-    from serve.client import BenchConfig, replay_trace
     from servelab.sim_args import scheduler_config, use_server_limits, write_json_atomic
     from servelab.trace_args import load_trace_from_args
     from servelab.validate_output import format_errors, format_overall
     from sim.calibrated import CalibratedCostModel
     from sim.metrics import summarize
-    from sim.simulation import RunResult
 
     if args.cost_model is None:
         raise ValueError("validate --url needs --cost-model (a calibration from calibrate --url)")
@@ -113,18 +114,7 @@ def validate_url(args: argparse.Namespace) -> int:
     config = scheduler_config(args, policy, num_blocks,
                               server.get("max_model_len") or model.meta.get("max_model_len"))
     trace = load_trace_from_args(args)
-    bench = BenchConfig(args.url, args.model, args.api_key)
-    runs = []
-    for k in range(args.repeats):  # another seed, other prompts: nothing cached from before
-        with tqdm(total=len(trace), unit="req", file=sys.stderr, leave=False,
-                  disable=None) as bar:
-            served, _, result = asyncio.run(replay_trace(
-                trace, bench, args.vocab_size, args.seed + k, lambda: bar.update(1)))
-        if result.errors:
-            raise ValueError(f"{args.url}: {len(result.errors)} requests failed, the first: "
-                             f"{result.errors[0]}")
-        runs.append(RunResult(result.requests, [], result.preemptions or 0, num_blocks,
-                              config.max_num_seqs))
+    runs, served, failures = _replay(args, trace, num_blocks, config.max_num_seqs)
     results, pairs = compare(trace, {policy: config}, {policy: runs}, model)
     results[policy]["measured_runs"] = [  # each replay's own values: the server's noise
         {key: summary.get(key) for key in VALIDATED}
@@ -133,6 +123,7 @@ def validate_url(args: argparse.Namespace) -> int:
           f"simulated as {policy}, {config.num_blocks} KV blocks of {config.block_size}, "
           f"max_num_seqs {config.max_num_seqs}, token budget {config.budget}; cost model "
           f"{args.cost_model}")
+    print(failures.describe())
     print(format_errors(results))
     print(format_overall(results))
     if args.out is not None:
@@ -147,5 +138,54 @@ def validate_url(args: argparse.Namespace) -> int:
                        "max_num_seqs": config.max_num_seqs, "token_budget": config.budget,
                        "enable_prefix_caching": config.enable_prefix_caching},
             "results": results, "overall": overall(results), "repeats": args.repeats,
+            "failed_requests": {"count": failures.count, "sent": failures.sent,
+                                "retried": failures.retried,
+                                "first_errors": list(failures.first)},
         })
     return 0
+
+
+@dataclass(frozen=True)
+class Failures:
+    """Requests of the replays that got no complete answer (as `vllm bench serve` counts
+    them), the first errors, and the requests sent a second time because their first try
+    never reached the server (serve.connection)."""
+
+    count: int
+    sent: int
+    first: tuple[str, ...]
+    max_share: float  # --max-failed-share
+    retried: int = 0
+
+    def describe(self) -> str:
+        text = (f"{self.count} of {self.sent} requests failed ({self.count / self.sent:.1%}; "
+                f"--max-failed-share {self.max_share:.1%}), {self.retried} retried on a new "
+                "connection")
+        return text + (", the first failures: " + "; ".join(self.first) if self.first else "")
+
+
+def _replay(args: argparse.Namespace, trace, num_blocks: int, max_num_seqs: int
+            ) -> tuple[list, str, Failures]:
+    """Replay the trace --repeats times, each with another seed (other prompts: nothing
+    cached from before): the runs, the served model, and the requests that failed; more of
+    those than --max-failed-share of the requests sent is an error."""
+    from serve.client import BenchConfig, replay_trace
+    from sim.simulation import RunResult
+
+    bench = BenchConfig(args.url, args.model, args.api_key)
+    runs, errors, retried = [], [], 0
+    for k in range(args.repeats):
+        with tqdm(total=len(trace), unit="req", file=sys.stderr, leave=False,
+                  disable=None) as bar:
+            served, _, result = asyncio.run(replay_trace(
+                trace, bench, args.vocab_size, args.seed + k, lambda: bar.update(1)))
+        errors += result.errors
+        retried += result.retried
+        runs.append(RunResult(result.requests, [], result.preemptions or 0, num_blocks,
+                              max_num_seqs))
+    failures = Failures(len(errors), len(trace) * args.repeats, tuple(errors[:FIRST_ERRORS]),
+                        args.max_failed_share, retried)
+    if failures.count > failures.max_share * failures.sent:
+        raise ValueError(f"{args.url}: {failures.describe()}; raise --max-failed-share to "
+                         "validate on the rest")
+    return runs, served, failures

@@ -10,7 +10,7 @@ from executor.kv_cache import KVCache
 from executor.model import Transformer
 from executor.prompts import synth_prompt_tokens
 from sim.block_manager import BlockManager
-from sim.core import Request, SamplingParams
+from sim.core import Backend, BatchPlan, Request, SamplingParams, StepResult
 
 TINY = ModelArgs.from_preset("tiny")
 
@@ -49,3 +49,18 @@ class Driver:
         for request, n in chunks:
             request.num_computed_tokens += n
         return logits
+
+
+class FixedClock:
+    """Runs the real backend but reports a constant step time, so schedules are repeatable
+    (and do not hang on how fast the machine ran a step)."""
+
+    def __init__(self, backend: Backend, step_s: float) -> None:
+        self.backend = backend
+        self.step_s = step_s
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        return StepResult(self.step_s, self.backend.execute(plan).sampled_token_ids)
+
+    def free(self, request: Request) -> None:
+        self.backend.free(request)

@@ -124,7 +124,10 @@ def test_a_measured_run_logs_every_step_it_timed(tiny_model):
     from executor.replay import measured_run
     from sim.scheduler import SchedulerConfig
 
-    requests = [Request(f"r{i}", 0.001 * i, 8 + 3 * i, 3 + i) for i in range(6)]
+    # All arrive at once: the first static batch holds four of different lengths (so rows
+    # finish early and pad) whatever a step measures; arrivals 1 ms apart would batch
+    # together or not depending on how fast the machine runs the first prefill.
+    requests = [Request(f"r{i}", 0.0, 8 + 3 * i, 3 + i) for i in range(6)]
     log: list = []
     run = measured_run(requests, SchedulerConfig("static", num_blocks=64, max_num_seqs=4),
                        tiny_model, step_log=log)

@@ -9,27 +9,14 @@ import pytest
 
 from executor.backend import ModelBackend
 from executor.prompts import synth_prompt_tokens
-from sim.core import BatchPlan, Request, SamplingParams, StepResult
+from sim.core import Request, SamplingParams
 from sim.engine import Engine
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import run_trace
-from tests.executor.helpers import TINY, make_request
+from tests.executor.helpers import TINY, FixedClock, make_request
 
 STEP_S = 0.001  # a fixed clock: batch composition must not hang on measured times
 MAX_MODEL_LEN = 128
-
-
-class FixedClock:
-    """Runs the real backend but reports a constant step time, so schedules are repeatable."""
-
-    def __init__(self, backend: ModelBackend) -> None:
-        self.backend = backend
-
-    def execute(self, plan: BatchPlan) -> StepResult:
-        return StepResult(STEP_S, self.backend.execute(plan).sampled_token_ids)
-
-    def free(self, request: Request) -> None:
-        self.backend.free(request)
 
 
 SYSTEM_PROMPT = synth_prompt_tokens("system", 40, TINY.vocab_size)
@@ -62,7 +49,7 @@ def workload(shared_prefixes: bool = False) -> list[Request]:
 
 def run(model, requests: list[Request], **config) -> tuple[dict[str, list[int]], Scheduler]:
     scheduler = Scheduler(SchedulerConfig(block_size=16, max_model_len=MAX_MODEL_LEN, **config))
-    engine = Engine(scheduler, FixedClock(ModelBackend(model, scheduler.block_manager)))
+    engine = Engine(scheduler, FixedClock(ModelBackend(model, scheduler.block_manager), STEP_S))
     run_trace(requests, engine)
     assert all(r.num_output_tokens == r.max_new_tokens for r in requests)
     return {r.request_id: r.output_token_ids for r in requests}, scheduler

@@ -4,12 +4,14 @@ exactly the prefixes the simulator's id-keyed cache finds."""
 
 from __future__ import annotations
 
-from executor.replay import measured_run
+from executor.backend import ModelBackend
+from executor.prompts import attach_prompt_tokens
 from sim.engine import Engine
 from sim.fixed_backend import ConstantBackend
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import run_trace
 from sim.workload import requests_from_trace
+from tests.executor.helpers import FixedClock
 from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
 
 
@@ -27,7 +29,12 @@ def test_executor_finds_the_prefixes_the_simulator_finds(tiny_model):
     simulated = requests_from_trace(trace())
     run_trace(simulated, Engine(Scheduler(config), ConstantBackend(0.01, 1e-5)))
     measured = requests_from_trace(trace())
-    measured_run(measured, config, tiny_model)
+    attach_prompt_tokens(measured, tiny_model.args.vocab_size, seed=0)  # as measured_run does
+    scheduler = Scheduler(config)
+    # The model's steps on the simulator's clock: each request finishes before the next
+    # arrives however fast or slow the machine runs them, so both see the same cache.
+    executor = FixedClock(ModelBackend(tiny_model, scheduler.block_manager), 0.01)
+    run_trace(measured, Engine(scheduler, executor))
     expected = [r.num_cached_tokens for r in simulated]
     assert [r.num_cached_tokens for r in measured] == expected
     # r1's 70 tokens are r0's first 70: four full blocks (the 70th token is computed). r5

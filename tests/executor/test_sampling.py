@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from executor.sampling import Sampler, sample_row, token_seed
+from executor.sampling import GREEDY_BELOW_TEMPERATURE, Sampler, sample_row, token_seed
 from sim.core import Request, SamplingParams
 
 
@@ -66,6 +66,23 @@ def test_top_k_one_and_tiny_top_p_equal_greedy():
     plain = sampler.sample(logits, [request(f"g{i}") for i in range(50)])
     assert top_k == top_p == plain == greedy
     assert greedy[7] == 0
+
+
+def test_temperature_below_greedy_threshold_is_greedy():
+    # 1e-39 and 5e-324 overflowed logits / temperature to inf: every draw was NaN's last id.
+    logits = random_logits(8, seed=4)
+    greedy = logits.argmax(dim=-1).tolist()
+    assert greedy != [logits.shape[1] - 1] * 8
+    sampler = Sampler()
+    for temperature in (5e-324, 1e-39, 1e-30, 1e-6, GREEDY_BELOW_TEMPERATURE * 0.999):
+        rows = [request(f"t{i}", seed=i, temperature=temperature, top_p=0.5, top_k=40)
+                for i in range(8)]
+        assert sampler.sample(logits, rows) == greedy, temperature
+    # From the threshold on it is a draw: a flat distribution gives many different tokens.
+    flat = torch.zeros(4, 320)
+    drawn = sampler.sample(flat, [request(f"f{i}", seed=i, temperature=GREEDY_BELOW_TEMPERATURE)
+                                  for i in range(4)])
+    assert drawn != [0, 0, 0, 0]
 
 
 def draws(logits: torch.Tensor, count: int, **params) -> list[int]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from serve.engine_thread import EngineThreadConfig
 from serve.server import ServerThread, assemble
 from serve.state import ApiConfig
 from serve.tokenizer import ByteTokenizer
-from sim.core import Backend, FinishReason, Request, SamplingParams
+from sim.core import Backend, BatchPlan, FinishReason, Request, SamplingParams, StepResult
 from sim.engine import Engine
 from sim.scheduler import Scheduler, SchedulerConfig
 
@@ -107,3 +109,88 @@ def aborted(url: str, reason: str = "aborted") -> float:
                 and f'finished_reason="{reason}"' in line):
             return float(line.split()[-1])
     return 0.0
+
+
+def wait_until(done: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll until done(); the timeout only stops a hung test, it decides no outcome."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: still not so after {timeout_s} s"
+        time.sleep(0.01)
+
+
+class StepGate:
+    """A backend wrapper whose every step waits for a permit the test hands out.
+
+    Between permits the server stands still, however fast the machine: a request that needs
+    N more steps cannot finish until the test has allowed N. Pass `gate.wrap` as
+    start_server's `wrap`; leaving the `with gate:` block opens it so the server can stop.
+    """
+
+    def __init__(self, wait_s: float = 60.0) -> None:
+        self.backend: Backend | None = None
+        self.allowed = 0  # permits handed out so far
+        self._wait_s = wait_s  # a step waiting this long fails (a hung test, not an outcome)
+        self._permits = 0
+        self._open = False
+        self._cond = threading.Condition()
+
+    def wrap(self, backend: Backend) -> StepGate:
+        self.backend = backend
+        return self
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._open or self._permits > 0, self._wait_s):
+                raise TimeoutError(f"step gate: no permit within {self._wait_s} s")
+            if not self._open:
+                self._permits -= 1
+        return self.backend.execute(plan)
+
+    def free(self, request: Request) -> None:
+        self.backend.free(request)
+
+    def open(self) -> None:
+        """Let every step run from now on."""
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+    def step_until(self, done: Callable[[], bool], max_steps: int, what: str) -> None:
+        """Hand out one step at a time (the next once the last is taken) until done();
+        fail if done() needs more than max_steps permits in all."""
+        deadline = time.monotonic() + self._wait_s
+        while not done():
+            assert time.monotonic() < deadline, f"{what}: still not so after {self._wait_s} s"
+            with self._cond:
+                if self._permits == 0:
+                    assert self.allowed < max_steps, f"{what}: not so after {max_steps} steps"
+                    self._permits, self.allowed = 1, self.allowed + 1
+                    self._cond.notify_all()
+            # 50 ms a step: what done() waits on (a disconnect noticed, say) gets seconds
+            # before max_steps run out, while a test needs only a handful of steps.
+            time.sleep(0.05)
+
+    def __enter__(self) -> StepGate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open()
+
+
+class PacedBackend:
+    """A backend wrapper whose steps each take at least step_s of wall time: races between
+    the engine and the HTTP side are run against a set duration, not the machine's speed."""
+
+    def __init__(self, backend: Backend, step_s: float) -> None:
+        self.backend = backend
+        self.step_s = step_s
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        start_s = time.monotonic()
+        result = self.backend.execute(plan)
+        time.sleep(max(0.0, self.step_s - (time.monotonic() - start_s)))
+        return StepResult(time.monotonic() - start_s, result.sampled_token_ids)
+
+    def free(self, request: Request) -> None:
+        self.backend.free(request)

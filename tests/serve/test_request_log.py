@@ -25,7 +25,7 @@ def test_rows_commit_call_back_and_append_across_restarts(tmp_path):
     log = RequestLog(path)
     durable = threading.Event()
     log.write(row(0), durable.set)
-    assert durable.wait(5.0)
+    assert durable.wait(30.0)  # a hang guard: the commit thread is not timed
     with sqlite3.connect(path) as reader:  # committed: visible to another connection now
         assert reader.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 1
     log.close()
@@ -45,7 +45,7 @@ def test_arrival_row_is_committed_at_once_and_completed_by_the_final_row(tmp_pat
         log.write_arrival(arrival_row_of(Request(f"cmpl-{i}", 0.5 * i, 10 + i, 20), 1000.0, "a"))
     durable = threading.Event()
     log.write(row(1), durable.set)  # the arrivals were queued first: committed by now
-    assert durable.wait(5.0)
+    assert durable.wait(30.0)  # a hang guard: the commit thread is not timed
     with sqlite3.connect(path) as reader:  # before close: what a kill -9 now would leave
         rows = reader.execute("SELECT request_id, output_len, finish_s, finish_reason, "
                               "http_status FROM requests ORDER BY id").fetchall()

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
 
 from sim.core import BatchPlan, StepResult
-from tests.serve.helpers import MAX_MODEL_LEN, async_client, health, start_server
+from tests.serve.helpers import (
+    MAX_MODEL_LEN,
+    StepGate,
+    async_client,
+    health,
+    start_server,
+    wait_until,
+)
 
 BAD_BODIES = [
     pytest.param(b"{not json", 400, None, id="malformed-json"),
@@ -113,34 +119,35 @@ def test_step_exception_fails_its_requests_and_server_keeps_serving(tiny_model):
 
 
 def test_full_waiting_queue_gets_503_with_retry_after(tiny_model):
-    with start_server(tiny_model, max_num_seqs=1, max_waiting=1) as server:
-        long = {"prompt": [9] * 8, "max_tokens": 240, "ignore_eos": True, "temperature": 0.0}
+    """Steps run only as the test allows them: the long request needs 240, so it still runs
+    (and the second still waits) when the third arrives, however fast the model runs."""
+    long = {"prompt": [9] * 8, "max_tokens": 240, "ignore_eos": True, "temperature": 0.0}
+    before_end = long["max_tokens"] - 1
 
-        async def main():
-            async with async_client(server.url) as client:
-                running = asyncio.create_task(client.post("/v1/completions", json=long))
-                await until(server.url, "num_running", 1)
-                waiting = asyncio.create_task(client.post("/v1/completions", json=long))
-                await until(server.url, "num_waiting", 1)
-                refused = await client.post("/v1/completions", json=long)
-                running.cancel()
-                waiting.cancel()
-                await asyncio.gather(running, waiting, return_exceptions=True)
-                return refused
+    async def main(url: str, gate: StepGate):
+        async with async_client(url) as client:
+            running = asyncio.create_task(client.post("/v1/completions", json=long))
+            await until(url, gate, "num_running", 1, before_end)
+            waiting = asyncio.create_task(client.post("/v1/completions", json=long))
+            await until(url, gate, "num_waiting", 1, before_end)
+            refused = await client.post("/v1/completions", json=long)
+            running.cancel()
+            waiting.cancel()
+            await asyncio.gather(running, waiting, return_exceptions=True)
+            return refused
 
-        refused = asyncio.run(main())
+    with StepGate() as gate, start_server(tiny_model, max_num_seqs=1, max_waiting=1,
+                                          wrap=gate.wrap) as server:
+        refused = asyncio.run(main(server.url, gate))
         assert_openai_error(refused, 503, None)
         assert refused.headers["Retry-After"] == "1"
         assert refused.json()["error"]["code"] == "overloaded"
-        deadline = time.monotonic() + 5
-        while health(server.url)["num_live"]:  # the cancelled clients' requests are aborted
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        gate.open()  # the cancelled clients' requests are aborted at the next iterations
+        wait_until(lambda: health(server.url)["num_live"] == 0, "the cancelled are aborted")
         assert health(server.url)["kv_blocks_used"] == 0
 
 
-async def until(url: str, key: str, value: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while health(url)[key] != value:
-        assert time.monotonic() < deadline, f"{key} never reached {value}"
-        await asyncio.sleep(0.01)
+async def until(url: str, gate: StepGate, key: str, value: int, max_steps: int) -> None:
+    """Let steps run one at a time until /health shows key == value."""
+    await asyncio.to_thread(gate.step_until, lambda: health(url)[key] == value, max_steps,
+                            f"{key} == {value}")

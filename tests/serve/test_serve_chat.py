@@ -10,7 +10,7 @@ import pytest
 
 from serve.tokenizer import ByteTokenizer, HFTokenizer, StopStrings, plain_chat_prompt
 from sim.core import BatchPlan, StepResult
-from tests.serve.helpers import aborted, health, start_server
+from tests.serve.helpers import PacedBackend, aborted, health, start_server
 from tests.serve.test_tokenizer import write_hf_tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."},
@@ -93,6 +93,15 @@ def test_openai_style_chat_stream_equals_the_non_streamed_answer(server):
     assert content_of(chunks) == whole["choices"][0]["message"]["content"]
 
 
+@pytest.fixture(scope="module")
+def paced_server(tiny_model):
+    """A server whose steps take at least 10 ms each: the HTTP side, which finds a stop
+    string and aborts the request, has that long per token to do so before the engine runs
+    the request to its length, however fast the CPU steps the tiny model."""
+    with start_server(tiny_model, wrap=lambda backend: PacedBackend(backend, 0.01)) as running:
+        yield running
+
+
 def greedy_text(url: str, path: str, body: dict, stop: str | None = None) -> dict:
     response = post(url, path, {**body, **GREEDY, **({"stop": stop} if stop else {})})
     assert response.status_code == 200, response.text
@@ -107,7 +116,8 @@ def pick_stop(text: str) -> str:
     raise AssertionError(f"no stop string to pick in {text!r}")
 
 
-def test_openai_style_chat_stream_ends_at_a_stop_string_it_does_not_return(server):
+def test_openai_style_chat_stream_ends_at_a_stop_string_it_does_not_return(paced_server):
+    server = paced_server
     body = {"messages": MESSAGES, "max_tokens": 60}
     full = greedy_text(server.url, "/v1/chat/completions", body)["choices"][0]["message"]
     stop = pick_stop(full["content"])
@@ -124,7 +134,8 @@ def test_openai_style_chat_stream_ends_at_a_stop_string_it_does_not_return(serve
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_completion_stop_string_cuts_text_and_frees_the_request(server, stream):
+def test_completion_stop_string_cuts_text_and_frees_the_request(paced_server, stream):
+    server = paced_server
     body = {"prompt": "Once upon a time", "max_tokens": 80}
     full = greedy_text(server.url, "/v1/completions", body)["choices"][0]["text"]
     stop = pick_stop(full)

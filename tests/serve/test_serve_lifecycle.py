@@ -1,6 +1,10 @@
 """`servelab serve` as a process: SIGKILL keeps every finished request's log row, a restart
 appends to the log, SIGTERM drains (503 for newcomers, in-flight requests finish or are
-aborted after the drain timeout) and exits 0."""
+aborted after the drain timeout) and exits 0.
+
+A test whose outcome needs a request still in flight serves --simulate: each step takes the
+cost model's set duration (milliseconds), however fast the CPU, so a request of thousands
+of tokens is in flight for many seconds, and a short one is done in a fraction of one."""
 
 from __future__ import annotations
 
@@ -21,21 +25,26 @@ import pytest
 from tests.serve.helpers import async_client
 
 REPO = Path(__file__).resolve().parents[2]
+# The real executor, its steps as fast as the CPU.
+TINY = ("--model", "tiny", "--threads", "1", "--num-blocks", "1024")
+# llama-3-8b on an h100: a decode step takes a set ~7 ms. A KV pool that holds many long
+# requests whole (the scheduler admits one only while its full length fits).
+SIMULATED = ("--simulate", "--num-blocks", "16384")
 
 
 class ServeProcess:
     """`python -m servelab serve` on a free port; stderr drained by a thread."""
 
-    def __init__(self, log: Path, *extra: str) -> None:
-        cmd = [sys.executable, "-m", "servelab", "serve", "--model", "tiny", "--port", "0",
-               "--threads", "1", "--num-blocks", "1024", "--request-log", str(log), *extra]
+    def __init__(self, log: Path, *extra: str, backend: tuple[str, ...] = TINY) -> None:
+        cmd = [sys.executable, "-m", "servelab", "serve", *backend, "--port", "0",
+               "--request-log", str(log), *extra]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._url = threading.Event()
         self.url = ""
         threading.Thread(target=self._read, daemon=True).start()
-        if not self._url.wait(60):
+        if not self._url.wait(300):  # stops a hung test only: a first run builds the kernels
             self.proc.kill()
             raise AssertionError("server did not start:\n" + "".join(self.lines))
 
@@ -52,8 +61,8 @@ def launch() -> Iterator[Callable[..., ServeProcess]]:
     """Start servers; whatever is still running at teardown is killed (a failed test too)."""
     started: list[ServeProcess] = []
 
-    def start(log: Path, *extra: str) -> ServeProcess:
-        started.append(ServeProcess(log, *extra))
+    def start(log: Path, *extra: str, backend: tuple[str, ...] = TINY) -> ServeProcess:
+        started.append(ServeProcess(log, *extra, backend=backend))
         return started[-1]
 
     yield start
@@ -91,9 +100,9 @@ def logged(path: Path) -> dict[str, str]:
 
 def test_sigkill_keeps_finished_rows_and_restart_appends(tmp_path, launch):
     log = tmp_path / "requests.sqlite"
-    server = launch(log)
+    server = launch(log, backend=SIMULATED)  # the long ones take ~30 s of set step times
     short = [{"prompt": [5 + i] * 6, "max_tokens": 2 + i, "ignore_eos": True} for i in range(6)]
-    long = [{"prompt": [9] * 6, "max_tokens": 240, "ignore_eos": True} for _ in range(4)]
+    long = [{"prompt": [9] * 6, "max_tokens": 4000, "ignore_eos": True} for _ in range(4)]
 
     async def main():
         async with async_client(server.url) as client:
@@ -109,7 +118,7 @@ def test_sigkill_keeps_finished_rows_and_restart_appends(tmp_path, launch):
     rows = logged(log)
     for rid, _ in done:
         assert rows[rid] == "length"
-    restarted = launch(log)
+    restarted = launch(log)  # on the real model: a restart appends whatever it serves
     response = httpx.post(f"{restarted.url}/v1/completions", json=short[0], trust_env=False)
     assert response.status_code == 200
     restarted.proc.send_signal(signal.SIGTERM)
@@ -120,9 +129,11 @@ def test_sigkill_keeps_finished_rows_and_restart_appends(tmp_path, launch):
 
 def test_sigterm_drains_refuses_newcomers_and_aborts_after_timeout(tmp_path, launch):
     log = tmp_path / "requests.sqlite"
-    server = launch(log, "--drain-timeout-s", "0.5", "--max-model-len", "1024")
+    # Set step times of ~7 ms: the quick one needs under 0.3 s more, the endless one over
+    # 50 s, on either side of the 3 s drain timeout on any CPU.
+    server = launch(log, "--drain-timeout-s", "3", backend=SIMULATED)
     quick = {"prompt": [7] * 6, "max_tokens": 30, "ignore_eos": True}
-    endless = {"prompt": [8] * 6, "max_tokens": 1000, "ignore_eos": True}
+    endless = {"prompt": [8] * 6, "max_tokens": 8000, "ignore_eos": True}
 
     async def main():
         async with async_client(server.url) as client:
@@ -133,7 +144,7 @@ def test_sigterm_drains_refuses_newcomers_and_aborts_after_timeout(tmp_path, lau
             t0 = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             refused = None
-            while refused is None and time.monotonic() - t0 < 5:
+            while refused is None and time.monotonic() - t0 < 30:  # stops a hung test only
                 response = await client.post("/v1/completions", json=quick)
                 refused = response if response.status_code == 503 else None
             health = await client.get("/health")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 
 import httpx
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from sim.scheduler import SchedulerConfig
 from tests.serve.helpers import (
     MAX_MODEL_LEN,
+    StepGate,
     aborted,
     async_client,
     health,
@@ -100,11 +101,15 @@ def test_200_concurrent_streams_all_complete_and_free_every_block(server):
     assert state["kv_blocks_used"] == 0 and state["num_running"] == 0
 
 
-def test_client_disconnect_aborts_and_frees_blocks_others_unaffected(server):
+def test_client_disconnect_aborts_and_frees_blocks_others_unaffected(tiny_model):
+    """Steps run only as the test allows them: the leaver needs 230, so an abort seen after
+    fewer came from its disconnect, however fast the model runs."""
     others = [{"prompt": [10 + i] * 8, "max_tokens": 48, "temperature": 0.0, "ignore_eos": True}
               for i in range(3)]
     leaver = {"prompt": [42] * 20, "max_tokens": 230, "temperature": 0.0, "ignore_eos": True,
               "stream": True, "return_token_ids": True}
+    before_end = leaver["max_tokens"] - 1  # steps after which the leaver could be done
+    left = threading.Event()
 
     async def leave_after_three(client):
         got = 0
@@ -114,32 +119,37 @@ def test_client_disconnect_aborts_and_frees_blocks_others_unaffected(server):
                     got += len(json.loads(line[6:])["choices"][0]["token_ids"])
                 if got >= 3:
                     break  # leaving the block closes the connection mid-stream
-        left = time.monotonic()
-        while aborted(server.url) < 1:
-            assert time.monotonic() - left < 1.0, "not aborted within a second"
-            await asyncio.sleep(0.02)
-        assert health(server.url)["num_live"] <= len(others)
+        left.set()
 
-    async def main():
-        async with async_client(server.url) as client:
-            return await asyncio.gather(leave_after_three(client),
-                                        *(stream_completion(client, b) for b in others))
+    async def main(url, gate):
+        async with async_client(url) as client:
+            tasks = [asyncio.create_task(stream_completion(client, b)) for b in others]
+            await asyncio.gather(leave_after_three(client), asyncio.to_thread(
+                gate.step_until, left.is_set, before_end, "the leaver has three tokens"))
+            # Stats are published after each step: the one after the abort shows it gone.
+            await asyncio.to_thread(
+                gate.step_until,
+                lambda: aborted(url) >= 1 and health(url)["num_live"] <= len(others),
+                before_end, "the leaver is aborted and no longer live")
+            gate.open()
+            return await asyncio.gather(*tasks)
 
-    results = run(main())[1:]
+    with StepGate() as gate, start_server(tiny_model, wrap=gate.wrap) as server:
+        results = run(main(server.url, gate))
+        state = health(server.url)
     for (ids, last), body in zip(results, others, strict=True):
         assert len(ids) == body["max_tokens"] and last["choices"][0]["finish_reason"] == "length"
-    state = health(server.url)
     assert state["kv_blocks_used"] == 0 and state["num_live"] == 0
 
 
-def test_non_streamed_client_that_times_out_is_aborted(server):
-    before = aborted(server.url)
+def test_non_streamed_client_that_times_out_is_aborted(tiny_model):
+    """No step runs until the client has given up, so its timeout always fires first; the
+    request needs 240 steps, so an abort seen after fewer came from the disconnect."""
     body = {"prompt": [7] * 10, "max_tokens": 240, "temperature": 0.0, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False, timeout=0.2)
-    deadline = time.monotonic() + 5.0
-    while aborted(server.url) == before:
-        assert time.monotonic() < deadline, "the abandoned request was never aborted"
-        time.sleep(0.02)
-    assert health(server.url)["kv_blocks_used"] == 0
-
+    with StepGate() as gate, start_server(tiny_model, wrap=gate.wrap) as server:
+        before = aborted(server.url)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False, timeout=0.2)
+        gate.step_until(lambda: (aborted(server.url) > before
+                                 and health(server.url)["kv_blocks_used"] == 0),
+                        body["max_tokens"] - 1, "the abandoned request is aborted and freed")
