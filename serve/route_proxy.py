@@ -117,11 +117,12 @@ def authorize(state: RouteState, http: HttpRequest) -> None:
 
 
 def forwarded_headers(http: HttpRequest) -> CIMultiDict[str]:
-    """The client's end-to-end headers, repeats kept, each value the bytes the client sent.
+    """The client's end-to-end headers, repeats kept, each UTF-8 value as the bytes sent.
 
     Starlette decodes header bytes as latin-1 and aiohttp encodes str values as UTF-8, so a
-    value is decoded as UTF-8 here to reach the upstream unchanged; one that is not UTF-8
-    could not, and is a 400 naming the header."""
+    value is decoded as UTF-8 here to reach the upstream unchanged. A value that is not
+    UTF-8 cannot pass through aiohttp unchanged; it goes as its latin-1 reading (so the
+    upstream answers it as it would a direct request, only with those bytes re-encoded)."""
     headers: CIMultiDict[str] = CIMultiDict()
     for raw_name, raw_value in http.scope["headers"]:
         name = raw_name.decode("latin-1").lower()
@@ -130,8 +131,7 @@ def forwarded_headers(http: HttpRequest) -> CIMultiDict[str]:
         try:
             headers.add(name, raw_value.decode("utf-8"))
         except UnicodeDecodeError:
-            raise ApiError(400, f"header {name!r} is not valid UTF-8; the router forwards "
-                           "UTF-8 header values only", param=name) from None
+            headers.add(name, raw_value.decode("latin-1"))
     return headers
 
 
