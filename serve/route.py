@@ -1,6 +1,7 @@
 """`servelab route`: an HTTP router in front of OpenAI-compatible servers, choosing with the
-simulator's sim.router. The request path is serve/route_proxy.py, the upstreams' loads and
-the router's metrics serve/route_upstreams.py, the prefix index serve/route_prefix.py.
+simulator's sim.router. The request path is serve/route_proxy.py and serve/route_relay.py,
+the upstreams' loads serve/route_upstreams.py, their health serve/route_health.py, the
+router's metrics serve/route_metrics.py, the prefix index serve/route_prefix.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from serve.api import add_error_handlers
 from serve.metrics import CONTENT_TYPE
 from serve.route_proxy import RouteConfig, RouteState, fetch_models, forward
-from serve.route_upstreams import poll, poll_forever
+from serve.route_upstreams import Upstream, check_forever, poll, poll_forever
 from serve.server import ServerConfig, bind
 
 __all__ = ["RouteConfig", "RouterThread", "build_route_app", "serve_routes"]
@@ -45,19 +46,30 @@ def build_route_app(state: RouteState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        upstreams = [{"url": u.url, "reachable": u.reachable, "in_flight": u.in_flight,
-                      "metrics_error": u.metrics_error} for u in state.upstreams]
-        ok = any(u.reachable for u in state.upstreams)
+        now = state.clock()
+        upstreams = [_upstream_health(u, now) for u in state.upstreams]
+        ok = any(u.routable(now) for u in state.upstreams)
         return JSONResponse({"status": "ok" if ok else "no_upstream", "upstreams": upstreams},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        text = state.metrics.render(state.upstreams, len(state.index))
+        text = state.metrics.render(state.upstreams, len(state.index), state.clock())
         return Response(text, media_type=CONTENT_TYPE)
 
     add_error_handlers(app)
     return app
+
+
+def _upstream_health(u: Upstream, now: float) -> dict[str, object]:
+    """One upstream in the router's /health; `ejected_until` is Unix time, null in rotation."""
+    h = u.health
+    until = None if h.ejected_until is None else time.time() + (h.ejected_until - now)
+    return {"url": u.url, "reachable": u.reachable, "in_flight": u.in_flight,
+            "metrics_error": u.metrics_error, "state": h.state(now), "ejected_until": until,
+            "consecutive_failures": h.request_failures,
+            "consecutive_check_failures": h.check_failures, "ejections": h.ejections,
+            "last_failure": h.last_failure}
 
 
 @contextlib.asynccontextmanager
@@ -70,14 +82,17 @@ async def _lifespan(state: RouteState) -> AsyncIterator[None]:
                                           connector=aiohttp.TCPConnector(limit=0))
     first_s = max(cfg.metrics_interval_s, 1.0)
     await asyncio.gather(*(poll(state.session, u, first_s) for u in state.upstreams))
-    poller = asyncio.create_task(poll_forever(state.session, state.upstreams,
-                                              cfg.metrics_interval_s))
+    tasks = [asyncio.create_task(poll_forever(state.session, state.upstreams,
+                                              cfg.metrics_interval_s))]
+    if cfg.health.checks_on:
+        tasks += [asyncio.create_task(check_forever(state.session, u, state.metrics, state.clock))
+                  for u in state.upstreams]
     try:
         yield
     finally:
-        poller.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await poller
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await state.session.close()
 
 
@@ -102,8 +117,9 @@ def serve_routes(config: RouteConfig, server: ServerConfig,
 class RouterThread:
     """A router on a background thread (tests, benchmarks); use as a context manager."""
 
-    def __init__(self, config: RouteConfig, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.state = RouteState.create(config)
+    def __init__(self, config: RouteConfig, host: str = "127.0.0.1", port: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.state = RouteState.create(config, clock)
         self._sock = bind(host, port)
         host, port = self._sock.getsockname()[:2]
         self.url = f"http://{host}:{port}"

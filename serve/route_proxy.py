@@ -1,37 +1,48 @@
-"""The router's request path: pick an upstream with sim.router, forward the body unchanged,
-relay the answer (server-sent events chunk by chunk, anything else whole) with its status.
+"""The router's request path: pick an upstream in rotation with sim.router, forward the body
+and headers unchanged, and hand the answer to serve/route_relay.py.
 
-A refused connection (the request never reached the upstream) is retried once on the next
-best upstream; a failure after the request was sent is a 502, never a retry, since the
-upstream may already be generating. Closing a relayed response early closes the upstream
-connection, which is how a vLLM-style server learns to abort the request.
+A request that never reached an upstream (connection refused or not made in time) goes on to
+the next best upstream, each tried once; a failure after the request was sent (no response
+headers within the first-byte timeout, a broken connection) is a 504 or 502, never a retry,
+since the upstream may already be generating. Every outcome feeds the upstream's health
+(serve/route_health.py). Closing a relayed response early closes the upstream connection,
+which is how a vLLM-style server learns to abort the request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import aiohttp
 from fastapi import Request as HttpRequest
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
+from multidict import CIMultiDict
 
 from serve.api import check_bearer, parse_body
 from serve.completions import read_body
-from serve.protocol import ApiError, error_body, sse
+from serve.protocol import ApiError
+from serve.route_health import Health, HealthConfig
+from serve.route_metrics import RouteMetrics
 from serve.route_prefix import PrefixIndex, PromptBlocks, kv_tokens_estimate, prompt_blocks
-from serve.route_upstreams import CONNECT_ERRORS, RouteMetrics, Ticket, Upstream
+from serve.route_relay import (
+    HOP_HEADERS,
+    TRANSPORT_ERRORS,
+    bad_gateway,
+    client_gone,
+    relay,
+    unless_disconnected,
+    with_upstream_headers,
+)
+from serve.route_upstreams import (
+    CONNECT_ERRORS,
+    Upstream,
+    request_failed,
+    request_succeeded,
+)
 from sim.router import Router, RouterConfig
-
-# Per-connection headers (RFC 9110 7.6.1) and those the HTTP libraries set themselves.
-_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                  "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
-                  "content-length", "content-encoding", "accept-encoding", "date", "server"))
-_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,11 @@ class RouteConfig:
     max_body_bytes: int = 1 << 24  # larger request bodies get 413 without being forwarded
     connect_timeout_s: float = 5.0  # a connection not made by then counts as refused
     read_timeout_s: float = 600.0  # longest silence of an upstream mid-response
+    # From the start of a request to the upstream's response headers, connecting included.
+    # A non-streamed answer's headers come with the whole answer, so this bounds its
+    # generation too.
+    first_byte_timeout_s: float = 60.0
+    health: HealthConfig = field(default_factory=HealthConfig)  # checks and ejection
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -57,12 +73,17 @@ class RouteConfig:
                                  "without a trailing slash")
         if len(set(self.upstreams)) != len(self.upstreams):
             raise ValueError(f"route: upstreams repeat: {', '.join(self.upstreams)}")
-        for key in ("metrics_interval_s", "connect_timeout_s", "read_timeout_s"):
+        for key in ("metrics_interval_s", "connect_timeout_s", "read_timeout_s",
+                    "first_byte_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"route: {key} must be > 0, got {getattr(self, key)}")
         for key in ("prefix_block_tokens", "prefix_max_keys", "max_body_bytes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"route: {key} must be >= 1, got {getattr(self, key)}")
+        if not self.first_byte_timeout_s > self.connect_timeout_s:
+            raise ValueError(f"route: first_byte_timeout_s ({self.first_byte_timeout_s}) must "
+                             f"be > connect_timeout_s ({self.connect_timeout_s}), which it "
+                             "includes")
         if self.api_key is not None and not self.api_key:
             raise ValueError("route: api_key must not be empty (omit it to disable auth)")
 
@@ -77,13 +98,16 @@ class RouteState:
     index: PrefixIndex
     metrics: RouteMetrics
     session: aiohttp.ClientSession | None = None  # opened on the event loop, at startup
+    clock: Callable[[], float] = time.monotonic  # seconds; health and back-offs read it
 
     @classmethod
-    def create(cls, config: RouteConfig) -> RouteState:
-        """A fresh state: every upstream unread, the prefix index empty."""
-        upstreams = [Upstream(url, i) for i, url in enumerate(config.upstreams)]
+    def create(cls, config: RouteConfig,
+               clock: Callable[[], float] = time.monotonic) -> RouteState:
+        """A fresh state: every upstream unread and in rotation, the prefix index empty."""
+        upstreams = [Upstream(url, i, health=Health(config.health))
+                     for i, url in enumerate(config.upstreams)]
         return cls(config, Router(config.router), upstreams, PrefixIndex(config.prefix_max_keys),
-                   RouteMetrics())
+                   RouteMetrics(), clock=clock)
 
 
 def authorize(state: RouteState, http: HttpRequest) -> None:
@@ -92,12 +116,33 @@ def authorize(state: RouteState, http: HttpRequest) -> None:
     check_bearer(http.headers.get("authorization", ""), key.encode("utf-8") if key else None)
 
 
+def forwarded_headers(http: HttpRequest) -> CIMultiDict[str]:
+    """The client's end-to-end headers, repeats kept, each UTF-8 value as the bytes sent.
+
+    Starlette decodes header bytes as latin-1 and aiohttp encodes str values as UTF-8, so a
+    value is decoded as UTF-8 here to reach the upstream unchanged. A value that is not
+    UTF-8 cannot pass through aiohttp unchanged; it goes as its latin-1 reading (so the
+    upstream answers it as it would a direct request, only with those bytes re-encoded)."""
+    headers: CIMultiDict[str] = CIMultiDict()
+    for raw_name, raw_value in http.scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        if name in HOP_HEADERS:
+            continue
+        try:
+            headers.add(name, raw_value.decode("utf-8"))
+        except UnicodeDecodeError:
+            headers.add(name, raw_value.decode("latin-1"))
+    return headers
+
+
 def pick_upstream(state: RouteState, blocks: PromptBlocks | None,
-                  exclude: Upstream | None = None) -> Upstream | None:
-    """The router's choice among the reachable upstreams (all of them if none is), less
-    `exclude`; None if nothing is left."""
-    others = [u for u in state.upstreams if u is not exclude]
-    candidates = [u for u in others if u.reachable] or others
+                  tried: tuple[Upstream, ...] = ()) -> Upstream | None:
+    """The router's choice among the upstreams in rotation (all of them if none is: a
+    panic, as Envoy routes to every host when too few are healthy), less those already
+    `tried`; None if nothing is left."""
+    now = state.clock()
+    others = [u for u in state.upstreams if u not in tried]
+    candidates = [u for u in others if u.routable(now)] or others
     if not candidates:
         return None
     router = state.router
@@ -113,7 +158,7 @@ def pick_upstream(state: RouteState, blocks: PromptBlocks | None,
 
 
 async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
-    """POST `path` to the chosen upstream (retried once elsewhere if refused) and relay it."""
+    """POST `path` to the chosen upstream (elsewhere while none is reached) and relay it."""
     authorize(state, http)
     raw = await read_body(http, state.config.max_body_bytes)
     body = parse_body(path, raw)  # refused here as the upstream would; forwarded as sent
@@ -121,147 +166,93 @@ async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
     if state.router.needs_prefix:
         blocks = prompt_blocks(body, state.config.prefix_block_tokens)
     kv_tokens = kv_tokens_estimate(body) if state.router.needs_loads else 0
-    headers = {k: v for k, v in http.headers.items() if k not in _HOP}
+    headers = forwarded_headers(http)
+    return await _send(state, http, path, raw, headers, blocks, kv_tokens)
+
+
+async def _send(state: RouteState, http: HttpRequest, path: str, raw: bytes,
+                headers: CIMultiDict[str], blocks: PromptBlocks | None,
+                kv_tokens: int) -> Response:
+    """Try upstreams until one is reached, then relay its answer."""
+    tried: tuple[Upstream, ...] = ()
     refused: list[str] = []
     upstream = pick_upstream(state, blocks)
     while upstream is not None:
+        tried += (upstream,)
         ticket = upstream.begin(kv_tokens)
-        sending = state.session.post(f"{upstream.url}{path}", data=raw, headers=headers)
         try:
-            # A non-streamed answer's headers come only when it is complete: watch the
-            # client meanwhile, so one that leaves aborts the request upstream too.
-            response = await _unless_disconnected(http, sending)
-        except CONNECT_ERRORS as exc:
+            response = await _post(state, http, f"{upstream.url}{path}", raw, headers)
+        except CONNECT_ERRORS as exc:  # the request never left the router: try another
             upstream.end(ticket)
-            _count_error(state, upstream, "connect")
             upstream.set_reachable(False, str(exc))
+            request_failed(upstream, state.metrics, state.clock(), "connect", str(exc))
             refused.append(f"{upstream.url}: {exc}")
-            upstream = pick_upstream(state, blocks, upstream) if len(refused) < 2 else None
+            upstream = pick_upstream(state, blocks, tried)
+            if upstream is not None:
+                state.metrics.retries.labels(tried[-1].url).inc()
             continue
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             upstream.end(ticket)
-            _count_error(state, upstream, "transport")
-            raise _bad_gateway(f"upstream {upstream.url} failed: {exc}") from None
+            raise _failed_after_sending(state, upstream, exc) from None
         state.metrics.requests.labels(upstream.url).inc()
         if response is None:
             upstream.end(ticket)
-            return _client_gone()
-        upstream.set_reachable(True)
+            return client_gone()
+        _count_answer(state, upstream, response.status)
         if blocks is not None and response.status == 200:
             state.index.record(blocks.keys, upstream.index)
-        return await _relay(state, http, upstream, ticket, response)
-    raise _bad_gateway("no upstream accepted the connection: " + "; ".join(refused))
+        return await relay(state, http, upstream, ticket, response)
+    raise bad_gateway("no upstream accepted the connection: " + "; ".join(refused))
+
+
+async def _post(state: RouteState, http: HttpRequest, url: str, raw: bytes,
+                headers: CIMultiDict[str]) -> aiohttp.ClientResponse | None:
+    """The upstream's response, once its headers are in (None if the client left first).
+    A non-streamed answer's headers come only when it is complete: the client is watched
+    meanwhile, so one that leaves aborts the request upstream too."""
+    sending = state.session.post(url, data=raw, headers=headers)
+    return await asyncio.wait_for(unless_disconnected(http, sending),
+                                  state.config.first_byte_timeout_s)
+
+
+def _failed_after_sending(state: RouteState, upstream: Upstream, exc: Exception) -> ApiError:
+    """Count a request that may have reached the upstream and then failed; the error for
+    the client (never retried: the upstream may be generating)."""
+    now = state.clock()
+    if isinstance(exc, aiohttp.ClientError):  # aiohttp's own read timeouts included
+        request_failed(upstream, state.metrics, now, "transport", str(exc))
+        return bad_gateway(f"upstream {upstream.url} failed: {exc}")
+    limit_s = state.config.first_byte_timeout_s
+    request_failed(upstream, state.metrics, now, "first_byte_timeout",
+                   f"no response headers within {limit_s} s")
+    return ApiError(504, f"upstream {upstream.url} sent no response headers within "
+                    f"{limit_s} s", type_="server_error", code="gateway_timeout")
+
+
+def _count_answer(state: RouteState, upstream: Upstream, status: int) -> None:
+    """An answer is a success for the upstream's health unless it is a 5xx."""
+    upstream.set_reachable(True)
+    if status >= 500:
+        request_failed(upstream, state.metrics, state.clock(), "http_5xx", f"HTTP {status}")
+    else:
+        request_succeeded(upstream, state.clock())
 
 
 async def fetch_models(state: RouteState, http: HttpRequest) -> Response:
-    """GET /v1/models from the first upstream that answers (reachable ones first)."""
+    """GET /v1/models from the first upstream that answers (those in rotation first)."""
     authorize(state, http)
-    headers = {k: v for k, v in http.headers.items() if k not in _HOP}
+    headers = forwarded_headers(http)
     timeout = aiohttp.ClientTimeout(total=state.config.connect_timeout_s + 5.0)
-    for upstream in sorted(state.upstreams, key=lambda u: not u.reachable):
+    now = state.clock()
+    for upstream in sorted(state.upstreams, key=lambda u: not u.routable(now)):
         try:
             async with state.session.get(f"{upstream.url}/v1/models", headers=headers,
                                          timeout=timeout) as response:
                 if response.status < 500:
-                    return Response(await response.read(), response.status,
-                                    _response_headers(response))
+                    return with_upstream_headers(Response(await response.read(),
+                                                          response.status), response)
         except CONNECT_ERRORS as exc:
             upstream.set_reachable(False, str(exc))
-        except _TRANSPORT_ERRORS:
+        except TRANSPORT_ERRORS:
             continue
-    raise _bad_gateway("no upstream answered GET /v1/models")
-
-
-async def _relay(state: RouteState, http: HttpRequest, upstream: Upstream, ticket: Ticket,
-                 response: aiohttp.ClientResponse) -> Response:
-    """The upstream's answer as the router's: streamed if it is an event stream."""
-    if response.status >= 500:
-        _count_error(state, upstream, "http_5xx")
-    if response.status == 200 and response.content_type == "text/event-stream":
-        return _EventRelay(state, upstream, ticket, response)
-    body: bytes | None = None
-    try:
-        body = await _unless_disconnected(http, response.read())
-    except _TRANSPORT_ERRORS as exc:
-        _count_error(state, upstream, "transport")
-        raise _bad_gateway(f"upstream {upstream.url} broke off its response: {exc}") from None
-    finally:
-        _close(response, complete=body is not None)
-        upstream.end(ticket)
-    if body is None:
-        return _client_gone()
-    return Response(body, response.status, _response_headers(response))
-
-
-async def _unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None as soon as the client disconnects (`work` is cancelled,
-    which closes its upstream connection)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(http))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        gone = not task.done()
-        if gone:
-            task.cancel()
-    return None if gone else task.result()
-
-
-async def _disconnected(http: HttpRequest) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
-
-
-class _EventRelay(StreamingResponse):
-    """Server-sent events relayed as each network read arrives. However the relay ends (the
-    stream finished, the client went away, the router is stopping), the upstream response
-    is closed and the request stops counting as in flight."""
-
-    def __init__(self, state: RouteState, upstream: Upstream, ticket: Ticket,
-                 response: aiohttp.ClientResponse) -> None:
-        super().__init__(self._chunks(), 200, _response_headers(response))
-        self._state, self._upstream, self._ticket = state, upstream, ticket
-        self._response = response
-
-    async def _chunks(self):
-        try:
-            async for data in self._response.content.iter_any():
-                yield data
-        except _TRANSPORT_ERRORS as exc:  # the status is sent: report it in-stream
-            _count_error(self._state, self._upstream, "transport")
-            message = f"upstream {self._upstream.url} broke off the stream: {exc}"
-            yield sse(error_body(message, "server_error", code="bad_gateway"))
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            _close(self._response, complete=self._response.content.at_eof())
-            self._upstream.end(self._ticket)
-
-
-def _close(response: aiohttp.ClientResponse, complete: bool) -> None:
-    """Keep the connection for reuse after a complete body; otherwise close it (the
-    upstream sees the disconnect and aborts the request)."""
-    if complete:
-        response.release()
-    else:
-        response.close()
-
-
-def _response_headers(response: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k: v for k, v in response.headers.items() if k.lower() not in _HOP}
-
-
-def _client_gone() -> Response:
-    """The answer to a client that has left: nobody reads it (nginx's 499)."""
-    return Response(status_code=499)
-
-
-def _count_error(state: RouteState, upstream: Upstream, kind: str) -> None:
-    state.metrics.errors.labels(upstream.url, kind).inc()
-
-
-def _bad_gateway(message: str) -> ApiError:
-    return ApiError(502, message, type_="server_error", code="bad_gateway")
+    raise bad_gateway("no upstream answered GET /v1/models")

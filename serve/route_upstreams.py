@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serve.metrics import CACHE_INFO
+from serve.route_health import Health, HealthConfig
 from sim.router import ReplicaLoad
+
+if TYPE_CHECKING:
+    from serve.route_metrics import RouteMetrics
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,11 @@ class Upstream:
     fresh: int = 0  # of those, sent since the last reading (the reading cannot know them)
     fresh_kv_tokens: int = 0  # their KV estimates, summed
     epoch: int = 0  # readings so far
+    health: Health = field(default_factory=lambda: Health(HealthConfig()))
+
+    def routable(self, now: float) -> bool:
+        """Neither refused at the last connection nor ejected."""
+        return self.reachable and self.health.routable(now)
 
     def load(self, cached_tokens: int = 0) -> ReplicaLoad:
         """The snapshot a router sees: the last reading plus what was sent since it; without
@@ -163,41 +173,61 @@ async def poll_forever(session: aiohttp.ClientSession, upstreams: list[Upstream]
         await asyncio.gather(*(poll(session, u, timeout_s) for u in upstreams))
 
 
-class RouteMetrics:
-    """The router's Prometheus metrics, on a registry of its own, labelled by upstream URL."""
+async def check(session: aiohttp.ClientSession, upstream: Upstream, metrics: RouteMetrics,
+                clock: Callable[[], float]) -> None:
+    """One active health check: GET the check path; 200 within the timeout passes."""
+    cfg = upstream.health.config
+    try:
+        async with session.get(f"{upstream.url}{cfg.check_path}",
+                               timeout=aiohttp.ClientTimeout(total=cfg.check_timeout_s)) as r:
+            await r.read()
+        upstream.set_reachable(True)
+        failure = None if r.status == 200 else f"health check: HTTP {r.status}"
+    except CONNECT_ERRORS as exc:
+        upstream.set_reachable(False, str(exc))
+        failure = f"health check: {type(exc).__name__}: {exc}"
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        failure = f"health check: {type(exc).__name__}: {exc}"
+        if isinstance(exc, asyncio.TimeoutError):
+            failure = f"health check: no answer within {cfg.check_timeout_s} s"
+    metrics.health_checks.labels(upstream.url, "pass" if failure is None else "fail").inc()
+    if failure is None:
+        was = upstream.health.state(clock())
+        upstream.health.check_passed(clock())
+        if was != "healthy" and upstream.health.ejected_until is None:
+            log.warning("upstream %s: back in rotation (health check passed)", upstream.url)
+    elif upstream.health.check_failed(clock(), failure):
+        ejected(upstream, metrics, clock())
 
-    def __init__(self) -> None:
-        self.registry = reg = CollectorRegistry()
-        self.requests = Counter("servelab_router_requests", "Requests routed to an upstream.",
-                                ["upstream"], registry=reg)
-        self.errors = Counter("servelab_router_upstream_errors",
-                              "Upstream failures: connect (refused, never sent), transport "
-                              "(broken after sending), http_5xx (a 5xx answer).",
-                              ["upstream", "kind"], registry=reg)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, ["upstream"], registry=reg)
+async def check_forever(session: aiohttp.ClientSession, upstream: Upstream,
+                        metrics: RouteMetrics, clock: Callable[[], float]) -> None:
+    """Check one upstream every check_interval_s (each on its own, so one that hangs
+    delays no other's checks), until cancelled."""
+    while True:
+        await asyncio.sleep(upstream.health.config.check_interval_s)
+        await check(session, upstream, metrics, clock)
 
-        self.in_flight = gauge("servelab_router_in_flight", "Requests in flight to an upstream.")
-        self.running = gauge("servelab_router_upstream_running",
-                             f"{RUNNING} at the last poll (-1: no reading).")
-        self.waiting = gauge("servelab_router_upstream_waiting",
-                             f"{WAITING} at the last poll (-1: no reading).")
-        self.kv_usage = gauge("servelab_router_upstream_kv_usage_perc",
-                              "KV-cache usage, 0 to 1, at the last poll (-1: no reading).")
-        self.reachable = gauge("servelab_router_upstream_reachable",
-                               "1 unless the last connection to the upstream was refused.")
-        self.prefix_keys = Gauge("servelab_router_prefix_index_keys",
-                                 "Block keys in the prefix-aware router's index.", registry=reg)
 
-    def render(self, upstreams: list[Upstream], prefix_keys: int) -> bytes:
-        """The text exposition, with the gauges set from the upstreams' records now."""
-        for u in upstreams:
-            polled = u.polled.load if u.polled is not None else None
-            self.in_flight.labels(u.url).set(u.in_flight)
-            self.running.labels(u.url).set(-1 if polled is None else polled.num_running)
-            self.waiting.labels(u.url).set(-1 if polled is None else polled.num_waiting)
-            self.kv_usage.labels(u.url).set(-1 if polled is None else polled.kv_usage)
-            self.reachable.labels(u.url).set(int(u.reachable))
-        self.prefix_keys.set(prefix_keys)
-        return generate_latest(self.registry)
+def request_failed(upstream: Upstream, metrics: RouteMetrics, now: float, kind: str,
+                   reason: str) -> None:
+    """Count a failed request against the upstream (metrics, then outlier ejection)."""
+    metrics.errors.labels(upstream.url, kind).inc()
+    if upstream.health.request_failed(now, f"{kind}: {reason}"):
+        ejected(upstream, metrics, now)
+
+
+def request_succeeded(upstream: Upstream, now: float) -> None:
+    """Count an answer below 500 for the upstream."""
+    was_out = upstream.health.ejected_until is not None
+    upstream.health.request_succeeded(now)
+    if was_out and upstream.health.ejected_until is None:
+        log.warning("upstream %s: back in rotation (a request succeeded)", upstream.url)
+
+
+def ejected(upstream: Upstream, metrics: RouteMetrics, now: float) -> None:
+    """Log and count an ejection that just happened."""
+    health = upstream.health
+    metrics.ejections.labels(upstream.url).inc()
+    log.warning("upstream %s: ejected for %.1f s (ejection %d; %s)", upstream.url,
+                health.ejected_until - now, health.ejections, health.last_failure)

@@ -32,7 +32,7 @@ def post(url: str, body: dict, timeout: float = 10.0, **kwargs) -> httpx.Respons
 
 def router_metric(url: str, name: str, **labels: str) -> float:
     """A sample of the router's /metrics (0 if absent)."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as exposed
     for line in httpx.get(f"{url}/metrics", trust_env=False).text.splitlines():
         if line.startswith(f"{name}{{{want}}}" if want else f"{name} "):
             return float(line.split()[-1])
