@@ -29,6 +29,7 @@ from serve.protocol import (
     GenerationRequest,
     completion,
     finish_label,
+    header_text,
     parse_completion,
     sse,
     usage,
@@ -137,7 +138,7 @@ def start_generation(state: ServeState, http: HttpRequest, body: GenerationReque
                      prompt: list[int], default_max_tokens: int, arrival_s: float
                      ) -> Generation:
     """Build, check and queue the request; 400/503 for what cannot be queued."""
-    tenant = http.headers.get("x-tenant") or body.user
+    tenant = header_text(http.headers, "x-tenant") or body.user
     request = build_request(state, body, prompt, default_max_tokens, arrival_s, tenant)
     sink = TokenSink(wait_durable=state.request_log is not None)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -205,3 +206,15 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def header_text(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value as the client wrote it: UTF-8 where its bytes are UTF-8 (Starlette
+    decodes every header as latin-1, which would store `тенант` as mojibake), else latin-1."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        return value

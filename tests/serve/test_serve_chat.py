@@ -216,9 +216,13 @@ def test_priority_and_user_reach_the_scheduler_request(tiny_model):
         body = {"prompt": "hi", "max_tokens": 2, "priority": 7, "user": "bob"}
         plain = post(server.url, "/v1/completions", body,
                      headers={**auth, "X-Tenant": "carol"}).json()
+        # Header values travel as bytes: UTF-8 ones name the tenant as written.
+        utf8 = post(server.url, "/v1/completions", body,
+                    headers={**auth, "X-Tenant": "тенант".encode()}).json()
     seen = backends[0].seen
     assert seen[chat["id"].removeprefix("chat")] == (-3, "alice")
     assert seen[plain["id"]] == (7, "carol")  # the header names the tenant over `user`
+    assert seen[utf8["id"]] == (7, "тенант")
 
 
 BAD_CHATS = [
