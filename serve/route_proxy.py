@@ -58,9 +58,9 @@ class RouteConfig:
     max_body_bytes: int = 1 << 24  # larger request bodies get 413 without being forwarded
     connect_timeout_s: float = 5.0  # a connection not made by then counts as refused
     read_timeout_s: float = 600.0  # longest silence of an upstream mid-response
-    # From the start of a request to the upstream's response headers, connecting included.
-    # A non-streamed answer's headers come with the whole answer, so this bounds its
-    # generation too.
+    # From the start of a streamed request to the upstream's response headers, connecting
+    # included. A non-streamed answer's headers come only with the whole answer, so those
+    # are bounded by read_timeout_s alone: a long generation is not a sick upstream.
     first_byte_timeout_s: float = 60.0
     health: HealthConfig = field(default_factory=HealthConfig)  # checks and ejection
 
@@ -167,12 +167,14 @@ async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
         blocks = prompt_blocks(body, state.config.prefix_block_tokens)
     kv_tokens = kv_tokens_estimate(body) if state.router.needs_loads else 0
     headers = forwarded_headers(http)
-    return await _send(state, http, path, raw, headers, blocks, kv_tokens)
+    cfg = state.config
+    headers_within_s = cfg.first_byte_timeout_s if body.get("stream") is True else None
+    return await _send(state, http, path, raw, headers, blocks, kv_tokens, headers_within_s)
 
 
 async def _send(state: RouteState, http: HttpRequest, path: str, raw: bytes,
                 headers: CIMultiDict[str], blocks: PromptBlocks | None,
-                kv_tokens: int) -> Response:
+                kv_tokens: int, headers_within_s: float | None) -> Response:
     """Try upstreams until one is reached, then relay its answer."""
     tried: tuple[Upstream, ...] = ()
     refused: list[str] = []
@@ -181,7 +183,8 @@ async def _send(state: RouteState, http: HttpRequest, path: str, raw: bytes,
         tried += (upstream,)
         ticket = upstream.begin(kv_tokens)
         try:
-            response = await _post(state, http, f"{upstream.url}{path}", raw, headers)
+            response = await _post(state, http, f"{upstream.url}{path}", raw, headers,
+                                   headers_within_s)
         except CONNECT_ERRORS as exc:  # the request never left the router: try another
             upstream.end(ticket)
             upstream.set_reachable(False, str(exc))
@@ -193,7 +196,7 @@ async def _send(state: RouteState, http: HttpRequest, path: str, raw: bytes,
             continue
         except TRANSPORT_ERRORS as exc:
             upstream.end(ticket)
-            raise _failed_after_sending(state, upstream, exc) from None
+            raise _failed_after_sending(state, upstream, exc, headers_within_s) from None
         state.metrics.requests.labels(upstream.url).inc()
         if response is None:
             upstream.end(ticket)
@@ -206,23 +209,23 @@ async def _send(state: RouteState, http: HttpRequest, path: str, raw: bytes,
 
 
 async def _post(state: RouteState, http: HttpRequest, url: str, raw: bytes,
-                headers: CIMultiDict[str]) -> aiohttp.ClientResponse | None:
+                headers: CIMultiDict[str], within_s: float | None
+                ) -> aiohttp.ClientResponse | None:
     """The upstream's response, once its headers are in (None if the client left first).
     A non-streamed answer's headers come only when it is complete: the client is watched
     meanwhile, so one that leaves aborts the request upstream too."""
     sending = state.session.post(url, data=raw, headers=headers)
-    return await asyncio.wait_for(unless_disconnected(http, sending),
-                                  state.config.first_byte_timeout_s)
+    return await asyncio.wait_for(unless_disconnected(http, sending), within_s)
 
 
-def _failed_after_sending(state: RouteState, upstream: Upstream, exc: Exception) -> ApiError:
+def _failed_after_sending(state: RouteState, upstream: Upstream, exc: Exception,
+                          limit_s: float | None) -> ApiError:
     """Count a request that may have reached the upstream and then failed; the error for
     the client (never retried: the upstream may be generating)."""
     now = state.clock()
     if isinstance(exc, aiohttp.ClientError):  # aiohttp's own read timeouts included
         request_failed(upstream, state.metrics, now, "transport", str(exc))
         return bad_gateway(f"upstream {upstream.url} failed: {exc}")
-    limit_s = state.config.first_byte_timeout_s
     request_failed(upstream, state.metrics, now, "first_byte_timeout",
                    f"no response headers within {limit_s} s")
     return ApiError(504, f"upstream {upstream.url} sent no response headers within "

@@ -46,8 +46,9 @@ def _add_health_args(parser: argparse.ArgumentParser) -> None:
                        help="a connection not made by then counts as refused: the request "
                        "goes to another upstream (default 5)")
     group.add_argument("--first-byte-timeout-s", type=float, default=60.0,
-                       help="from sending to the upstream's response headers, connecting "
-                       "included; a non-streamed answer's come when it is complete (default 60)")
+                       help="from sending a streamed request to the upstream's response "
+                       "headers, connecting included; a non-streamed answer's come when it is "
+                       "complete, bounded by --read-timeout-s (default 60)")
     group.add_argument("--read-timeout-s", type=float, default=600.0,
                        help="longest silence of an upstream mid-response (default 600)")
     group.add_argument("--health-check-interval-s", type=float, default=1.0,

@@ -6,6 +6,7 @@ once; nothing here decides by how fast the machine is."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections import Counter
 
@@ -91,11 +92,12 @@ def test_hung_upstream_is_ejected_by_checks_and_back_in_rotation_after_the_backo
 
 
 def test_requests_to_a_hung_upstream_time_out_unretried_then_eject_it(stopped):
-    """Without health checks: each request there is a 504 at the first-byte timeout (it
-    may have started, so it goes nowhere else); the third ejects it."""
+    """Without health checks: each streamed request there is a 504 at the first-byte timeout
+    (it may have started, so it goes nowhere else); the third ejects it."""
     clock = FakeClock()
     with FakeUpstream("a") as a, hung_router([a.url, stopped.url], clock, checks=False) as r:
-        statuses = [post(r.url, {"prompt": "hi"}).status_code for _ in range(6)]
+        statuses = [post(r.url, {"prompt": "hi", "stream": True}).status_code
+                    for _ in range(6)]
         timed_out = post(r.url, {"prompt": "hi"})
         entry = upstream_health(r, stopped.url)
         assert router_metric(r.url, "servelab_router_upstream_errors_total",
@@ -204,3 +206,14 @@ def test_route_command_names_a_bad_health_flag_in_one_line(flags, field, capsys)
     err = capsys.readouterr().err
     assert err.startswith("servelab route: error: route:") and field in err
     assert err.count("\n") == 1
+
+
+def test_a_non_streamed_answer_may_take_longer_than_the_first_byte_timeout(stopped):
+    """Its headers come with the whole answer: a long generation is not a timeout."""
+    with (hung_router([stopped.url], FakeClock(), checks=False) as r,
+          concurrent.futures.ThreadPoolExecutor(1) as pool):
+        answer = pool.submit(post, r.url, {"prompt": "hi"})
+        time.sleep(1.5)  # past the 1 s first-byte timeout: it would have fired by now
+        stopped.start()
+        response = answer.result()
+    assert response.status_code == 200 and response.json()["model"] == "b"
