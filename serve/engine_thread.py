@@ -2,10 +2,10 @@
 
 HTTP handlers never touch the scheduler: `submit` and `abort` put operations in an inbox (a
 deque under a Condition) that the thread drains at the top of every iteration, then it runs
-one step: engine.schedule(now) -> execute -> finish_step -> hand the new tokens to each
-request's TokenSink (serve/handoff.py). With nothing to do it sleeps on the Condition until
-a submission arrives. A step whose backend raises fails the requests in it
-(FinishReason.FAILED); serving goes on.
+one step, Engine.step (the simulator's step; on a wall clock its wait has nothing to do but
+read the clock), and hands the new tokens to each request's TokenSink (serve/handoff.py).
+With nothing to do it sleeps on the Condition until a submission arrives. A step whose
+backend raises fails the requests in it (FinishReason.FAILED); serving goes on.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from serve.handoff import Clock, Draining, Overloaded, StreamEvent, TokenSink, post_events
 from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog, arrival_row_of, row_of
 from sim.core import Backend, BatchPlan, FinishReason, Request, StepResult
-from sim.engine import Engine
+from sim.engine import Engine, run_now
 from sim.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class EngineThread:
         self._drained = threading.Event()  # no request in flight
         self._drained.set()
         self._num_steps = self._failed_steps = 0
+        self._end_s = 0.0  # when the last step ended, by the clock
         self.stats = EngineStats(kv_blocks_total=scheduler.block_manager.num_blocks)
         self.error: BaseException | None = None  # what killed the thread, if anything
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -221,21 +223,25 @@ class EngineThread:
         """One engine step; False when there was nothing to do."""
         self._backend.plan = None
         try:
-            plan = self.engine.schedule(self.clock.now())
-            if plan is None:
+            finished = run_now(self.engine.step(self.clock.now(), self._wait))
+            if finished is None:
                 return False
-            result = self.engine.execute(plan)
-            end_s = self.clock.now()
-            # Stamp tokens when they became available: the step ends now, not at the
-            # start plus the backend's measured part (scheduling took time too).
-            finished = self.engine.finish_step(plan, result, end_s - result.duration_s)
             self.engine.steps.clear()  # a server runs for days: keep a count, not the rows
             self._num_steps += 1
         except Exception as exc:
             self._fail_step(exc)
             return True
-        self._deliver(plan, finished, end_s)
+        assert self._backend.plan is not None  # (the step ran it)
+        self._deliver(self._backend.plan, finished, self._end_s)
         return True
+
+    def _wait(self, start_s: float, duration_s: float) -> Generator[None, None, float]:  # noqa: ARG002
+        """The step's wait (sim.engine.Wait): the backend already took the step's time.
+        Tokens are stamped when they became available: the step ends now, not at its start
+        plus the backend's measured part (scheduling took time too)."""
+        self._end_s = end_s = self.clock.now()
+        return end_s - duration_s
+        yield  # (a generator that never yields: the wall clock has passed already)
 
     def _deliver(self, plan: BatchPlan, finished: list[Request], now: float) -> None:
         done = {request.request_id for request in finished}

@@ -211,7 +211,15 @@ class _Cluster:
     def stepping(self, index: int):
         env, engine = self.env, self.engines[index]
         prefill = self.config.disaggregated and index < self.config.num_prefill
-        now = env.now  # the engine's clock (SimPy's may be a rounding off after a quiet run)
+        # The engine's clock (SimPy's may be a rounding off after a quiet run).
+        now = end_s = env.now
+
+        def wait(start_s: float, duration_s: float):  # sim.engine.Wait: a SimPy timeout
+            nonlocal end_s
+            end_s = start_s + duration_s
+            yield env.timeout(duration_s if env.now == start_s else end_s - env.now)
+            return start_s
+
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
             if run is not None:
@@ -224,16 +232,12 @@ class _Cluster:
                 run.finish()
                 now = run.end_s
                 continue
-            plan = engine.schedule(now)
-            if plan is None:  # idle: sleep until a request is routed here
+            finished = yield from engine.step(now, wait)
+            if finished is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]
                 now = env.now
                 continue
-            result = engine.execute(plan)
-            end_s = now + result.duration_s
-            yield env.timeout(result.duration_s if env.now == now else end_s - env.now)
-            finished = engine.finish_step(plan, result, now)
             now = end_s
             if prefill:
                 for stand_in in finished:

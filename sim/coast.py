@@ -27,7 +27,7 @@ from collections.abc import Callable
 from itertools import accumulate
 
 from sim.core import BatchPlan, Request
-from sim.engine import Engine, step_record
+from sim.engine import Engine
 
 MAX_QUIET_STEPS = 32  # steps priced ahead at most (an arrival wastes the rest)
 
@@ -91,24 +91,17 @@ class QuietRun:
         deferred, bm = scheduler.deferred, scheduler.block_manager
         done = bisect.bisect_left(ends, now)  # steps that end before now
         if first < done:
-            allocate, update, cache_blocks = deferred.allocate, deferred.update, bm.cache_blocks
-            try_allocate, record, on_step = bm.try_allocate, engine.steps.append, self.on_step
-            durations, n, begun = self.durations, self.n, self.begun
+            allocate, try_allocate = deferred.allocate, bm.try_allocate
+            quiet_step, on_step = engine.quiet_step, self.on_step
+            durations, begun = self.durations, self.begun
             start = ends[first - 1] if first else self.start_s
             for j in range(first, done):
                 if j >= begun:  # its new blocks, at its start
                     allocate(try_allocate, _no_room, None)
-                end = ends[j]
-                finished = update(end, cache_blocks)  # (only at the run's last step)
-                if finished:
-                    scheduler.finish_deferred(finished, end)
-                    for request in finished:
-                        engine.backend.free(request)
-                record(step_record((start, durations[j], n, n, 0, n, 0, bm.num_used_blocks,
-                                    len(scheduler.waiting), len(scheduler.running), 0)))
-                start = end
+                finished = quiet_step(start, durations[j])  # (finishes: the run's last only)
+                start = ends[j]
                 if on_step is not None:
-                    on_step(end, finished)
+                    on_step(start, finished)
             self.ended = done
             self.begun = max(begun, done)
         # The step in progress at `now` began if the one before it ended before now.

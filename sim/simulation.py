@@ -90,6 +90,7 @@ class _Replay:
         self.env, self.requests, self.engine, self.on_step = env, requests, engine, on_step
         self.wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
         self.arrived = 0
+        self.end_s = 0.0  # when the step in progress ends (the engine's clock)
         # A server's own path from the socket to its scheduler (a calibration from its URL
         # measures it): the scheduler sees each request this much after it arrived.
         self.delay_s = getattr(engine.backend, "request_overhead_s", 0.0)
@@ -123,8 +124,8 @@ class _Replay:
                 run.finish()
                 now = run.end_s
                 continue
-            plan = engine.schedule(now)
-            if plan is None:
+            finished = yield from engine.step(now, self.wait)
+            if finished is None:
                 if now > env.now:  # catch SimPy up before sleeping
                     yield env.timeout(now - env.now)
                     continue
@@ -138,15 +139,17 @@ class _Replay:
                 yield self.wake[-1]
                 now = env.now
                 continue
-            result = engine.execute(plan)
-            end_s = now + result.duration_s
-            # Only an arrival changes what the scheduler decides next, so steps run back
-            # to back without a SimPy event each until one lands within a step; then SimPy
-            # delivers it (and any before it) first, as if every step had been an event.
-            if (self.arrived < num_requests
-                    and requests[self.arrived].arrival_s + self.delay_s <= end_s):
-                yield env.timeout(max(0.0, end_s - env.now))
-            finished = engine.finish_step(plan, result, now)
-            now = end_s
+            now = self.end_s
             if self.on_step is not None:
                 self.on_step(now, finished)
+
+    def wait(self, start_s: float, duration_s: float):
+        """A step's wait (sim.engine.Wait). Only an arrival changes what the scheduler decides
+        next, so steps run back to back without a SimPy event each until one lands within a
+        step; then SimPy delivers it (and any before it) first, as if every step had been an
+        event."""
+        end_s = self.end_s = start_s + duration_s
+        arrived, requests = self.arrived, self.requests
+        if arrived < len(requests) and requests[arrived].arrival_s + self.delay_s <= end_s:
+            yield self.env.timeout(max(0.0, end_s - self.env.now))
+        return start_s
