@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Generator
 from dataclasses import dataclass
 
 from serve.handoff import Clock, Draining, Overloaded, StreamEvent, TokenSink, post_events
@@ -60,18 +59,29 @@ class _Live:
 
 
 class _PlanRecorder:
-    """The backend, remembering the plan it runs so a step that raises can be failed."""
+    """The backend, remembering the plan it runs so a step that raises can be failed, and
+    timing the step on the wall clock."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, clock: Clock) -> None:
         self.backend = backend
+        self.clock = clock
         self.plan: BatchPlan | None = None
+        self.start_s = self.end_s = 0.0  # when the last step was scheduled, and ended
 
     def execute(self, plan: BatchPlan) -> StepResult:
         self.plan = plan
-        return self.backend.execute(plan)
+        result = self.backend.execute(plan)
+        # Tokens are stamped when they became available: the step ends now, so it lasted
+        # from when it was scheduled (scheduling took time too), not the backend's part alone.
+        self.end_s = self.clock.now()
+        return StepResult(self.end_s - self.start_s, result.sampled_token_ids)
 
     def free(self, request: Request) -> None:
         self.backend.free(request)
+
+
+def _no_wait(start_s: float, duration_s: float) -> None:  # noqa: ARG001 - sim.engine.Wait
+    """A wall clock's wait: the backend's execute already took the step's time."""
 
 
 class EngineThread:
@@ -85,7 +95,7 @@ class EngineThread:
         self.config = config or EngineThreadConfig()
         self.metrics = metrics
         self.request_log = request_log
-        self._backend = _PlanRecorder(backend)
+        self._backend = _PlanRecorder(backend, clock)
         self.engine = Engine(scheduler, self._backend)
         self._cond = threading.Condition()
         self._ops: deque[tuple] = deque()  # ("add", _Live) | ("abort", id) | ("abort_all", why)
@@ -98,7 +108,6 @@ class EngineThread:
         self._drained = threading.Event()  # no request in flight
         self._drained.set()
         self._num_steps = self._failed_steps = 0
-        self._end_s = 0.0  # when the last step ended, by the clock
         self.stats = EngineStats(kv_blocks_total=scheduler.block_manager.num_blocks)
         self.error: BaseException | None = None  # what killed the thread, if anything
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -223,7 +232,8 @@ class EngineThread:
         """One engine step; False when there was nothing to do."""
         self._backend.plan = None
         try:
-            finished = run_now(self.engine.step(self.clock.now(), self._wait))
+            self._backend.start_s = self.clock.now()
+            finished = run_now(self.engine.step(self._backend.start_s, _no_wait))
             if finished is None:
                 return False
             self.engine.steps.clear()  # a server runs for days: keep a count, not the rows
@@ -232,16 +242,8 @@ class EngineThread:
             self._fail_step(exc)
             return True
         assert self._backend.plan is not None  # (the step ran it)
-        self._deliver(self._backend.plan, finished, self._end_s)
+        self._deliver(self._backend.plan, finished, self._backend.end_s)
         return True
-
-    def _wait(self, start_s: float, duration_s: float) -> Generator[None, None, float]:  # noqa: ARG002
-        """The step's wait (sim.engine.Wait): the backend already took the step's time.
-        Tokens are stamped when they became available: the step ends now, not at its start
-        plus the backend's measured part (scheduling took time too)."""
-        self._end_s = end_s = self.clock.now()
-        return end_s - duration_s
-        yield  # (a generator that never yields: the wall clock has passed already)
 
     def _deliver(self, plan: BatchPlan, finished: list[Request], now: float) -> None:
         done = {request.request_id for request in finished}

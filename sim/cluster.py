@@ -214,11 +214,10 @@ class _Cluster:
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
 
-        def wait(start_s: float, duration_s: float):  # sim.engine.Wait: a SimPy timeout
+        def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
             nonlocal end_s
             end_s = start_s + duration_s
-            yield env.timeout(duration_s if env.now == start_s else end_s - env.now)
-            return start_s
+            return env.timeout(duration_s if env.now == start_s else end_s - env.now)
 
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None

@@ -32,10 +32,6 @@ from sim.engine import Engine
 MAX_QUIET_STEPS = 32  # steps priced ahead at most (an arrival wastes the rest)
 
 
-def _no_room(request: Request, num_tokens: int, plan: BatchPlan) -> bool:
-    raise RuntimeError(f"a quiet step found no KV block for {request.request_id}")
-
-
 class QuietRun:
     """Quiet steps of one engine from start_s: ends[j] is when step j ends (step j starts
     when step j - 1 ends). Build one with `start`."""
@@ -87,26 +83,15 @@ class QuietRun:
         """Apply every step start and step end before `now` (an arrival at the instant a
         step ends is delivered first: that step is still in progress)."""
         engine, ends, first = self.engine, self.ends, self.ended
-        scheduler = engine.scheduler
-        deferred, bm = scheduler.deferred, scheduler.block_manager
         done = bisect.bisect_left(ends, now)  # steps that end before now
         if first < done:
-            allocate, try_allocate = deferred.allocate, bm.try_allocate
-            quiet_step, on_step = engine.quiet_step, self.on_step
-            durations, begun = self.durations, self.begun
             start = ends[first - 1] if first else self.start_s
-            for j in range(first, done):
-                if j >= begun:  # its new blocks, at its start
-                    allocate(try_allocate, _no_room, None)
-                finished = quiet_step(start, durations[j])  # (finishes: the run's last only)
-                start = ends[j]
-                if on_step is not None:
-                    on_step(start, finished)
+            engine.quiet_steps(start, self.durations, first, done, self.begun, self.on_step)
             self.ended = done
-            self.begun = max(begun, done)
+            self.begun = max(self.begun, done)
         # The step in progress at `now` began if the one before it ended before now.
         if self.begun == done < len(ends) and (ends[done - 1] if done else self.start_s) < now:
-            deferred.allocate(bm.try_allocate, _no_room, None)
+            engine.begin_quiet_step()
             self.begun = done + 1
 
     def cut(self, now: float) -> None:

@@ -2,8 +2,8 @@
 
 `Engine.step` is the step of the simulator, the cluster, the measured run and the HTTP
 server's engine thread; they differ only in the `wait` they pass, that is, in how they let
-a step's time pass. `Engine.quiet_step` applies one step of a run priced at once (sim.coast).
-Both record the step through `_record`, the one place a StepRecord is made.
+a step's time pass. `Engine.quiet_steps` applies steps of a run priced at once (sim.coast).
+They are the only places a StepRecord is made.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ class StepRecord(NamedTuple):
 # replays make one per step); only Engine._record calls it, with every field named.
 _step_record = partial(tuple.__new__, StepRecord)
 
-# How a driver lets a step's time pass: given the step's start and duration, a generator that
-# yields whatever its event loop waits on (SimPy events; nothing on a wall clock) and returns
-# when the step began by the driver's clock. Its tokens are stamped at that + duration.
-Wait = Callable[[float, float], Generator[Any, Any, float]]
-
+# How a driver lets a step's time pass, given the step's start and duration: the event its
+# event loop waits on before the step is applied (a SimPy timeout), or None to apply it at
+# once (a wall clock, whose backend already took the time; a simulator with no arrival
+# inside the step).
+Wait = Callable[[float, float], Any]
 
 @dataclass
 class Engine:
@@ -76,60 +76,82 @@ class Engine:
         return self.backend.execute(plan)
 
     def step(self, now: float, wait: Wait) -> Generator[Any, Any, list[Request] | None]:
-        """Plan, execute and apply the step that starts at `now` (a generator: a driver runs
-        it with `yield from`, or run_now on a wall clock); wait lets its time pass. Returns
-        the requests it finished, None when there was nothing to run."""
+        """Plan, execute and apply the step that starts at `now`; `wait` lets its time pass.
+        A generator: a driver runs it with `yield from` (or run_now, on a wall clock).
+        Returns the requests it finished, None when there was nothing to run."""
         plan = self.schedule(now)
         if plan is None:
             return None
         result = self.backend.execute(plan)
-        start_s = yield from wait(now, result.duration_s)
-        return self.finish_step(plan, result, start_s)
+        event = wait(now, result.duration_s)
+        if event is not None:
+            yield event
+        return self.finish_step(plan, result, now)
 
     def finish_step(self, plan: BatchPlan, result: StepResult, start_s: float) -> list[Request]:
         """Apply a step that ended at start_s + duration: tokens, retirements, a record."""
-        finished = self.scheduler.update(plan, result, start_s + result.duration_s)
+        duration_s = result.duration_s
+        scheduler = self.scheduler
+        finished = scheduler.update(plan, result, start_s + duration_s)
         for request in finished:
             self.backend.free(request)
-        padding = len(plan.padding)  # (the plan's properties, inlined: once per step)
-        self._record(start_s, result.duration_s,
-                     len(plan.requests) + plan.deferred_decodes + padding,
-                     plan.prefill_tokens, plan.decode_seqs, padding, len(plan.preempted))
-        return finished
-
-    def quiet_step(self, start_s: float, duration_s: float) -> list[Request]:
-        """Apply one quiet step (sim.coast: only deferred decodes, priced ahead) that ran
-        from start_s; its new KV blocks were taken at its start. Returns the requests it
-        finished (they leave the engine here)."""
-        scheduler = self.scheduler
-        deferred = scheduler.deferred
-        rows = len(deferred.rows)
-        end_s = start_s + duration_s
-        finished = deferred.update(end_s, scheduler.block_manager.cache_blocks)
-        if finished:
-            scheduler.finish_deferred(finished, end_s)
-            for request in finished:
-                self.backend.free(request)
-        self._record(start_s, duration_s, rows, 0, rows, 0, 0)
-        return finished
-
-    def _record(self, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
-                decode_seqs: int, padding_rows: int, num_preempted: int) -> None:
-        """Record a step that was just applied (the scheduler's state is the step's after)."""
-        scheduler = self.scheduler
-        num_tokens = prefill_tokens + decode_seqs
-        kv_blocks_used = scheduler.block_manager.num_used_blocks
-        num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
+        # The record (the plan's properties inlined: once per step).
+        padding_rows, prefill_tokens, decode_seqs = (
+            len(plan.padding), plan.prefill_tokens, plan.decode_seqs)
         self.steps.append(_step_record((  # StepRecord's fields, in order
-            start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted)))
+            start_s, duration_s, len(plan.requests) + plan.deferred_decodes + padding_rows,
+            prefill_tokens + decode_seqs, prefill_tokens, decode_seqs, padding_rows,
+            scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
+            len(scheduler.running), len(plan.preempted))))
+        return finished
+
+    def quiet_steps(self, start_s: float, durations: list[float], first: int, last: int,
+                    begun: int, on_step: Callable[[float, list[Request]], None] | None
+                    ) -> None:
+        """Apply quiet steps first..last-1 of a run priced at once (sim.coast: each only
+        decodes the deferred rows; step j lasts durations[j] and starts at start_s, the end
+        of step first - 1): at the start of each not yet begun (j >= begun) the rows' new KV
+        blocks, at its end its token times, the rows it finished (the run's last step only)
+        and its record."""
+        scheduler = self.scheduler
+        deferred, bm = scheduler.deferred, scheduler.block_manager
+        allocate, try_allocate = deferred.allocate, bm.try_allocate
+        update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.append
+        batch_size = decode_seqs = num_tokens = len(deferred.rows)
+        prefill_tokens = padding_rows = num_preempted = 0
+        for j in range(first, last):
+            if j >= begun:
+                allocate(try_allocate, _no_room, None)
+            duration_s = durations[j]
+            end_s = start_s + duration_s
+            finished = update(end_s, cache_blocks)
+            if finished:
+                scheduler.finish_deferred(finished, end_s)
+                for request in finished:
+                    self.backend.free(request)
+            record(_step_record((  # StepRecord's fields, in order
+                start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
+                padding_rows, bm.num_used_blocks, len(scheduler.waiting),
+                len(scheduler.running), num_preempted)))
+            start_s = end_s
+            if on_step is not None:
+                on_step(end_s, finished)
+
+    def begin_quiet_step(self) -> None:
+        """Apply the start of a quiet step (sim.coast): the deferred rows' new KV blocks."""
+        deferred = self.scheduler.deferred
+        deferred.allocate(self.scheduler.block_manager.try_allocate, _no_room, None)
+
+
+def _no_room(request: Request, num_tokens: int, plan: BatchPlan) -> bool:
+    raise RuntimeError(f"a quiet step found no KV block for {request.request_id}")
 
 
 def run_now(step: Generator[Any, Any, list[Request] | None]) -> list[Request] | None:
-    """Run Engine.step on a clock whose wait never yields (a wall clock: the backend's
-    execute already took the step's time); its result."""
+    """Run Engine.step on a clock whose wait never returns an event (a wall clock: the
+    backend's execute already took the step's time); its result."""
     try:
         next(step)
     except StopIteration as done:
         return done.value
-    raise RuntimeError("a wall-clock wait must not yield")
+    raise RuntimeError("a wall-clock wait must not return an event")

@@ -143,7 +143,7 @@ class _Replay:
             if self.on_step is not None:
                 self.on_step(now, finished)
 
-    def wait(self, start_s: float, duration_s: float):
+    def wait(self, start_s: float, duration_s: float) -> simpy.Event | None:
         """A step's wait (sim.engine.Wait). Only an arrival changes what the scheduler decides
         next, so steps run back to back without a SimPy event each until one lands within a
         step; then SimPy delivers it (and any before it) first, as if every step had been an
@@ -151,5 +151,5 @@ class _Replay:
         end_s = self.end_s = start_s + duration_s
         arrived, requests = self.arrived, self.requests
         if arrived < len(requests) and requests[arrived].arrival_s + self.delay_s <= end_s:
-            yield self.env.timeout(max(0.0, end_s - self.env.now))
-        return start_s
+            return self.env.timeout(max(0.0, end_s - self.env.now))
+        return None
