@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sim.core import Request
+from sim.core import BatchPlan, Request
 
 QUEUES = ("fcfs", "priority", "fair", "sjf")  # the `--queue` orders (make_queue)
 
@@ -58,7 +58,7 @@ class _RunningOrder:
         """Whether waiting `request` may evict running `victim` to be admitted."""
         return False
 
-    def charge_step(self, requests: list[Request], counts: dict[str, int]) -> None:
+    def charge_step(self, plan: BatchPlan) -> None:
         """Count the service of a step about to be applied (only a fair queue keeps it)."""
 
     def forget(self, request: Request) -> None:
@@ -227,8 +227,8 @@ class FairQueue(_AgedQueue):
                 victim, most = request, counter
         return victim
 
-    def charge_step(self, requests: list[Request], counts: dict[str, int]) -> None:
-        for request, n in zip(requests, counts.values(), strict=True):
+    def charge_step(self, plan: BatchPlan) -> None:
+        for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             self.charge(request, n)
 
     def charge(self, request: Request, num_tokens: int) -> None:

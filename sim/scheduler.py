@@ -38,6 +38,10 @@ class Scheduler:
         self.waiting = make_queue(config.queue, config.queue_aging_s, config.sjf_noise)
         self.batching = BATCHING[config.policy]()
         self.eviction = EVICTIONS[config.preemption](self.block_manager)
+        # The parts' per-step methods, bound once (each is called every step).
+        self._before_step, self._plan_step = self.eviction.before_step, self.batching.schedule
+        self._charge, self._hold = self.waiting.charge_step, self.batching.hold
+        self._returned = self.batching.returned
         # In the order the waiting queue keeps it (admission order, or priority then
         # admission): the queue names eviction victims from it.
         self.running: list[Request] = []
@@ -155,8 +159,8 @@ class Scheduler:
     def schedule(self, now: float) -> BatchPlan:
         """Decide what the next step computes (an empty plan if there is nothing to do)."""
         plan = BatchPlan()
-        self.eviction.before_step()
-        self.batching.schedule(self, plan, now)
+        self._before_step()
+        self._plan_step(self, plan, now)
         return plan
 
     def schedule_running(self, plan: BatchPlan, on_demand: bool) -> int:
@@ -282,7 +286,7 @@ class Scheduler:
         """Apply a finished step at time `now`: new tokens, retirements. Returns finished."""
         sampled = result.sampled_token_ids
         finished: list[Request] = []
-        hold = self.batching.hold
+        hold = self._hold
         block_size = self.block_manager.block_size
         cache_blocks = self.block_manager.cache_blocks if self._caching else None
         deferred = self._deferred
@@ -293,7 +297,7 @@ class Scheduler:
             for request in finished:
                 self._finish(request, FinishReason.LENGTH, now)
         # Service counted before the step's tokens are applied (a fair queue keeps it).
-        self.waiting.charge_step(plan.requests, plan.num_scheduled_tokens)
+        self._charge(plan)
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             computed = request.num_computed_tokens + n
@@ -329,7 +333,7 @@ class Scheduler:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
-        return self.batching.returned(self, finished, now)
+        return self._returned(self, finished, now)
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         request.status = RequestStatus.FINISHED

@@ -94,6 +94,13 @@ class _Replay:
         # A server's own path from the socket to its scheduler (a calibration from its URL
         # measures it): the scheduler sees each request this much after it arrived.
         self.delay_s = getattr(engine.backend, "request_overhead_s", 0.0)
+        self.next_arrival_s = math.inf  # when the scheduler sees the next request
+        self._set_next_arrival()
+
+    def _set_next_arrival(self) -> None:
+        requests, arrived = self.requests, self.arrived
+        self.next_arrival_s = (requests[arrived].arrival_s + self.delay_s
+                               if arrived < len(requests) else math.inf)
 
     def arrivals(self):
         env = self.env
@@ -103,6 +110,7 @@ class _Replay:
                 yield env.timeout(delay)
             self.engine.add(request)
             self.arrived += 1
+            self._set_next_arrival()
             if self.wake:
                 self.wake.pop().succeed()
 
@@ -113,8 +121,7 @@ class _Replay:
         coasts = scheduler.deferring
         now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
         while True:
-            arrival = (requests[self.arrived].arrival_s + self.delay_s
-                       if self.arrived < num_requests else math.inf)
+            arrival = self.next_arrival_s
             # Quiet steps (sim.coast), up to the one in progress when the next request arrives.
             run = QuietRun.start(engine, now, self.on_step, arrival) if coasts else None
             if run is not None:
@@ -149,7 +156,6 @@ class _Replay:
         step; then SimPy delivers it (and any before it) first, as if every step had been an
         event."""
         end_s = self.end_s = start_s + duration_s
-        arrived, requests = self.arrived, self.requests
-        if arrived < len(requests) and requests[arrived].arrival_s + self.delay_s <= end_s:
+        if self.next_arrival_s <= end_s:
             return self.env.timeout(max(0.0, end_s - self.env.now))
         return None
