@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from sim.coast import QuietRun
-from sim.core import Request
+from sim.core import Request, request_overhead_s
 from sim.engine import Engine, StepRecord
 from sim.router import ReplicaLoad, Router, RouterConfig
 from sim.simulation import RunResult, StalledError, collector_paused
@@ -145,7 +145,7 @@ class _Cluster:
         self.origin: dict[int, Request] = {}  # id(prefill stand-in) -> the request it serves
         # A server's path from the socket to its scheduler (a calibration from a URL
         # measures it): each engine sees a request this much after it arrived.
-        self.delay_s = getattr(engines[0].backend, "request_overhead_s", 0.0)
+        self.delay_s = request_overhead_s(engines[0].backend)
 
     def arrivals(self, requests: Sequence[Request]):
         env = self.env
@@ -175,7 +175,7 @@ class _Cluster:
                     run.apply(self.env.now)
         # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
         # so the KV usage and the prefix match are read only by routers that use them.
-        if router.config.name == "least-requests":
+        if router.needs_counts_only:
             return pool[router.least_queued([len(s.running) + len(s.waiting)
                                              for s in schedulers])]
         if router.needs_prefix:

@@ -43,7 +43,7 @@ class QuietRun:
                  until: float = math.inf) -> None:
         self.engine, self.on_step, self.start_s = engine, on_step, start_s
         n, context, context_max = engine.scheduler.deferred.decode_totals()
-        price = getattr(engine.backend, "decode_steps_s", None)  # (sim.core.Backend)
+        price = engine.decode_run_price
         if price is not None:
             durations = price(n, context, num_steps)
         else:

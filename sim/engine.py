@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
-from sim.core import Backend, BatchPlan, Request, StepResult
+from sim.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
 from sim.scheduler import Scheduler
 
 
@@ -50,6 +50,14 @@ class Engine:
     scheduler: Scheduler
     backend: Backend
     steps: list[StepRecord] = field(default_factory=list)
+    # The backend's PricesDecodeRuns.decode_steps_s, None without it (quiet runs price
+    # their steps with it: resolved once, not per run).
+    decode_run_price: Callable[[int, int, int], list[float]] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        backend = self.backend
+        self.decode_run_price = (backend.decode_steps_s
+                                 if isinstance(backend, PricesDecodeRuns) else None)
 
     def add(self, request: Request) -> bool:
         """Queue a request; False if it was rejected (it can never fit)."""
@@ -67,7 +75,7 @@ class Engine:
     def defer_decodes(self) -> bool:
         """Let the scheduler keep decode rows out of the plans (sim.deferred) when the
         backend prices a plan from its totals alone; returns whether it does."""
-        if getattr(self.backend, "reads_rows", True):
+        if reads_rows(self.backend):
             return False
         return self.scheduler.defer_decodes()
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import simpy
 
 from sim.coast import QuietRun
-from sim.core import Request
+from sim.core import Request, request_overhead_s
 from sim.engine import Engine, StepRecord
 
 
@@ -93,7 +93,7 @@ class _Replay:
         self.end_s = 0.0  # when the step in progress ends (the engine's clock)
         # A server's own path from the socket to its scheduler (a calibration from its URL
         # measures it): the scheduler sees each request this much after it arrived.
-        self.delay_s = getattr(engine.backend, "request_overhead_s", 0.0)
+        self.delay_s = request_overhead_s(engine.backend)
         self.next_arrival_s = math.inf  # when the scheduler sees the next request
         self._set_next_arrival()
 
