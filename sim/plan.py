@@ -21,7 +21,7 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
     plan.num_scheduled_tokens[request.request_id] = n
     plan.requests.append(request)
     ctx = request.num_computed_tokens + n  # KV length attended over after this step
-    num_tokens = request.prompt_len + len(request.token_times_s)
+    num_tokens = request.num_tokens
     if ctx == num_tokens:
         plan.num_sampled += 1
     if n == 1 and ctx == num_tokens:
@@ -42,13 +42,20 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
 
 def add_padding(plan: BatchPlan, request: Request) -> None:
     """Static batching: a finished row computed as padding, one row over its whole KV and no
-    logits (the scheduler keeps these totals running across a batch's steps)."""
-    ctx = request.prompt_len + len(request.token_times_s)
-    plan.padding.append(request)
-    plan.decode_seqs += 1
-    plan.decode_context += ctx
-    if ctx > plan.decode_context_max:
-        plan.decode_context_max = ctx
+    logits."""
+    ctx = request.num_tokens
+    add_padding_rows(plan, [request], ctx, ctx)
+
+
+def add_padding_rows(plan: BatchPlan, rows: list[Request], context: int,
+                     context_max: int) -> None:
+    """Finished rows computed as padding, given the sum and the longest of their KV lengths
+    (static batching keeps those running across a batch's steps)."""
+    plan.padding.extend(rows)
+    plan.decode_seqs += len(rows)
+    plan.decode_context += context
+    if context_max > plan.decode_context_max:
+        plan.decode_context_max = context_max
 
 
 def add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
@@ -101,7 +108,7 @@ def add_running(plan: BatchPlan, running: list[Request], budget: int,
     for request in running.copy() if make_room else running:
         if request.status is not _RUNNING:
             continue  # evicted earlier in this loop
-        num_tokens = request.prompt_len + len(request.token_times_s)
+        num_tokens = request.prompt_len + len(request.token_times_s)  # (num_tokens, inlined)
         if num_tokens - request.num_computed_tokens != 1:
             partial.append(request)
             continue

@@ -305,9 +305,10 @@ class Scheduler:
             if cache_blocks and computed // block_size != (computed - n) // block_size:
                 cache_blocks(request, computed)  # blocks filled this step join the cache
             times = request.token_times_s
-            if computed != request.prompt_len + len(times):
+            num_tokens = request.prompt_len + len(times)  # (Request.num_tokens, inlined)
+            if computed != num_tokens:
                 # a prefill chunk that did not reach the end of the sequence
-                if deferred and computed + 1 == request.prompt_len + len(times):
+                if deferred and computed + 1 == num_tokens:
                     deferred.defer(request)  # its last prompt token: computed as a decode
                 continue
             times.append(now)

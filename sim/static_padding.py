@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from sim.batching import SchedulerSteps
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus
-from sim.plan import add_decodes, add_to_plan
+from sim.plan import add_decodes, add_padding_rows, add_to_plan
 
 
 class StaticBatching:
@@ -76,16 +76,13 @@ class Padding:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.rows.append(request)
-        ctx = request.prompt_len + len(request.token_times_s)
+        ctx = request.num_tokens
         self.context += ctx
         self.context_max = max(self.context_max, ctx)
 
     def add_to(self, plan: BatchPlan) -> None:
         """Put the rows in a step's plan as one-token decodes that sample nothing."""
-        plan.padding = self.rows.copy()
-        plan.decode_seqs += len(self.rows)
-        plan.decode_context += self.context
-        plan.decode_context_max = max(plan.decode_context_max, self.context_max)
+        add_padding_rows(plan, self.rows, self.context, self.context_max)
 
     def release(self, now: float, block_manager: BlockManager) -> list[Request]:
         """The batch ended at `now`: free every row's KV and return the rows."""
