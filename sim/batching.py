@@ -14,6 +14,7 @@ BatchingPolicy's methods and a line in sim.policies.BATCHING.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from sim.core import BatchPlan, FinishReason, Request
@@ -68,10 +69,9 @@ class BatchingPolicy(Protocol):
         batch, holding its KV, instead of leaving at once."""
         ...
 
-    def returned(self, scheduler: SchedulerSteps, finished: list[Request],
-                 now: float) -> list[Request]:
-        """The requests a step that ended at `now` hands back, given those that finished."""
-        ...
+    # The requests a step that ended at `now` hands back, given those that finished
+    # (scheduler, finished, now); None: those that finished.
+    returned: Callable[[SchedulerSteps, list[Request], float], list[Request]] | None
 
     @property
     def held_rows(self) -> list[Request]:
@@ -97,10 +97,7 @@ class ContinuousBatching:
         """A finished request leaves at once."""
         return False
 
-    def returned(self, scheduler: SchedulerSteps,  # noqa: ARG002 - the Protocol's signature
-                 finished: list[Request], now: float) -> list[Request]:  # noqa: ARG002
-        """Every request that finished in the step."""
-        return finished
+    returned = None  # every request that finished in the step
 
     @property
     def held_rows(self) -> list[Request]:

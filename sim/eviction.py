@@ -10,6 +10,8 @@ batch and puts it back at the front of the queue; the mechanism decides where it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, Request
 
@@ -23,8 +25,8 @@ class RecomputeEviction:
     def __init__(self, block_manager: BlockManager) -> None:
         self.block_manager = block_manager
 
-    def before_step(self) -> None:
-        """A new step is being planned (the last one ran)."""
+    # Called when a new step is being planned (the last one ran); None: nothing to do.
+    before_step: Callable[[], None] | None = None
 
     def evict(self, victim: Request, plan: BatchPlan) -> None:
         """Free the victim's KV, so that its next admission starts from what the prefix
@@ -53,7 +55,7 @@ class SwapEviction(RecomputeEviction):
         super().__init__(block_manager)
         self.num_swapped_out = 0
 
-    def before_step(self) -> None:
+    def before_step(self) -> None:  # type: ignore[override] - (the hook)
         self.block_manager.settle_swaps()  # the host blocks the last step read are free
 
     def evict(self, victim: Request, plan: BatchPlan) -> None:

@@ -27,7 +27,7 @@ import itertools
 import math
 from bisect import insort_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -58,8 +58,9 @@ class _RunningOrder:
         """Whether waiting `request` may evict running `victim` to be admitted."""
         return False
 
-    def charge_step(self, plan: BatchPlan) -> None:
-        """Count the service of a step about to be applied (only a fair queue keeps it)."""
+    # Counts the service of a step about to be applied; None: this order keeps none (only
+    # a fair queue does).
+    charge_step: Callable[[BatchPlan], None] | None = None
 
     def forget(self, request: Request) -> None:
         """request finished: drop what the queue kept about it."""
@@ -227,7 +228,7 @@ class FairQueue(_AgedQueue):
                 victim, most = request, counter
         return victim
 
-    def charge_step(self, plan: BatchPlan) -> None:
+    def charge_step(self, plan: BatchPlan) -> None:  # type: ignore[override] - (the hook)
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             self.charge(request, n)
 

@@ -38,7 +38,8 @@ class Scheduler:
         self.waiting = make_queue(config.queue, config.queue_aging_s, config.sjf_noise)
         self.batching = BATCHING[config.policy]()
         self.eviction = EVICTIONS[config.preemption](self.block_manager)
-        # The parts' per-step methods, bound once (each is called every step).
+        # The parts' per-step methods, bound once (each is called every step); the optional
+        # ones are None where a part has nothing to do.
         self._before_step, self._plan_step = self.eviction.before_step, self.batching.schedule
         self._charge, self._hold = self.waiting.charge_step, self.batching.hold
         self._returned = self.batching.returned
@@ -159,7 +160,8 @@ class Scheduler:
     def schedule(self, now: float) -> BatchPlan:
         """Decide what the next step computes (an empty plan if there is nothing to do)."""
         plan = BatchPlan()
-        self._before_step()
+        if self._before_step is not None:
+            self._before_step()
         self._plan_step(self, plan, now)
         return plan
 
@@ -297,7 +299,8 @@ class Scheduler:
             for request in finished:
                 self._finish(request, FinishReason.LENGTH, now)
         # Service counted before the step's tokens are applied (a fair queue keeps it).
-        self._charge(plan)
+        if self._charge is not None:
+            self._charge(plan)
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             computed = request.num_computed_tokens + n
@@ -334,7 +337,8 @@ class Scheduler:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
-        return self._returned(self, finished, now)
+        returned = self._returned
+        return finished if returned is None else returned(self, finished, now)
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         request.status = RequestStatus.FINISHED
