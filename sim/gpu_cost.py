@@ -1,0 +1,216 @@
+"""The fitted GPU cost model: a step's time as the sum of its operators' physical costs.
+
+Each operator (QKV, attention by chunk/context and by decode KV, O-proj, MLP or MoE experts
+by tokens per expert, norms/RoPE/activation/add, LM head, sampling) costs the larger of its
+FLOPs over peak x eff_compute(rows) and its bytes over bandwidth x eff_memory(rows), with
+efficiencies fitted on operator profiles (sim/data/gpu_cost_fit.json); all-reduces and the
+expert-parallel exchange by message size and GPUs; and the engine's per-step CPU time as
+its own term. Per-token-count parts are cached, so `predict` is a few lookups a step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.core import BatchPlan, Request, StepResult
+from sim.gpu_shapes import GpuPeaks, LayerShapes
+from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms
+from sim.gpu_terms import gemm_s as _gemm_s
+from sim.gpu_terms import small_op_s as _small_op_s
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Host time of one engine step that the GPU kernels do not hide."""
+
+    name: str
+    step_s: float  # scheduling, input preparation, output processing: once a step
+    # Eager engines (no CUDA graphs): the host's time to dispatch one kernel; a layer takes
+    # at least its kernels' dispatch time (0 under CUDA graphs).
+    per_kernel_s: float
+    per_row_s: float  # input preparation and detokenisation per scheduled sequence
+    source: str  # which data set set these numbers
+
+    def __post_init__(self) -> None:
+        for key in ("step_s", "per_kernel_s", "per_row_s"):
+            if not getattr(self, key) >= 0.0:
+                raise ValueError(f"engine {self.name}: {key} must be >= 0")
+
+
+def load_engine(name: str, path: Path = FIT_PATH) -> EngineOverhead:
+    """An engine's overhead terms from the fit file, by name (vllm, splitwise)."""
+    engines = json.loads(path.read_text())["engines"]
+    if name not in engines:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(engines)}")
+    e = engines[name]
+    return EngineOverhead(name, e["step_s"], e["per_kernel_s"], e["per_row_s"], e["source"])
+
+
+class GpuCostModel:
+    """A Backend pricing each BatchPlan with the fitted per-operator model."""
+
+    name = "gpu-fitted"
+
+    def __init__(self, shapes: LayerShapes, peaks: GpuPeaks, engine: EngineOverhead,
+                 tensor_parallel: int = 1, expert_parallel: int = 1,
+                 terms: GpuTerms | None = None, dtype_bytes: int = 2) -> None:
+        if tensor_parallel < 1 or shapes.num_heads % tensor_parallel:
+            raise ValueError(f"GpuCostModel: tensor_parallel={tensor_parallel} must divide "
+                             f"the {shapes.num_heads} heads of {shapes.name}")
+        if expert_parallel < 1 or (expert_parallel > 1 and not shapes.is_moe):
+            raise ValueError(f"GpuCostModel: expert_parallel={expert_parallel} needs a MoE "
+                             f"model ({shapes.name} is dense)")
+        self.shapes, self.peaks, self.engine = shapes, peaks, engine
+        self.tensor_parallel, self.expert_parallel = tensor_parallel, expert_parallel
+        self.terms = terms if terms is not None else load_terms(peaks.name, peaks)
+        self.dtype_bytes = dtype_bytes
+        s, tp, t = shapes, tensor_parallel, self.terms
+        self._q_dim = s.num_heads // tp * s.head_dim
+        kv_heads = max(1, s.num_kv_heads // tp)  # replicated beyond num_kv_heads GPUs
+        self._kv_bytes_layer = 2 * kv_heads * s.head_dim * dtype_bytes  # K+V of one token
+        layers = s.num_layers
+        self._layers = layers
+        self._kernel_s = engine.per_kernel_s
+        # Attention, per unit on one GPU in one layer.
+        self._s_per_prefill_pair = 4.0 * self._q_dim / (peaks.peak_flops
+                                                        * t.attn_prefill_eff_compute)
+        self._s_per_decode_kv = self._kv_bytes_layer / (peaks.mem_bandwidth_bytes_s
+                                                        * t.attn_decode_eff_memory)
+        self._prefill_floor_s = t.attn_prefill_floor_s
+        self._decode_floor_s = t.attn_decode_floor_s
+        self._step_s = engine.step_s
+        self._host_layer_s = self._kernel_s * self._kernels_per_layer()
+        self._layer_cache: dict[int, float] = {}
+        self._edge_cache: dict[tuple[int, int], float] = {}
+
+    @property
+    def reads_rows(self) -> bool:
+        """A step's time comes from the plan's totals alone (sim.deferred may apply)."""
+        return False
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel
+
+    def predict(self, plan: BatchPlan) -> float:
+        """Seconds one engine step of `plan` takes; 0 for a plan that computes nothing."""
+        decode_seqs = plan.decode_seqs
+        tokens = plan.prefill_tokens + decode_seqs
+        if not tokens:
+            return 0.0
+        layer = self._layer_cache.get(tokens)
+        if layer is None:
+            layer = self._layer_cache[tokens] = self.layer_s(tokens)
+        rows = plan.prefill_seqs + decode_seqs
+        edge = self._edge_cache.get((tokens, rows))
+        if edge is None:
+            edge = self._edge_cache[(tokens, rows)] = self.edge_s(tokens, rows)
+        host = self._host_layer_s
+        if plan.prefill_tokens:
+            layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
+            host += self._kernel_s
+        if decode_seqs:
+            layer += self._decode_floor_s + self._s_per_decode_kv * plan.decode_context
+            host += self._kernel_s
+        # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
+        # the slower of the two sets the layer's time.
+        return (self._layers * (layer if layer > host else host) + edge + self._step_s
+                + self.engine.per_row_s * rows)
+
+    def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
+        """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
+        tokens at the first and `rows` more at each next (same terms, same order)."""
+        if rows < 1:
+            raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
+        base = self._layer_cache.get(rows)
+        if base is None:
+            base = self._layer_cache[rows] = self.layer_s(rows)
+        edge = self._edge_cache.get((rows, rows))
+        if edge is None:
+            edge = self._edge_cache[(rows, rows)] = self.edge_s(rows, rows)
+        host = self._host_layer_s + self._kernel_s
+        floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
+        step_s, per_row_s = self._step_s, self.engine.per_row_s
+        out = []
+        for ctx in range(context, context + rows * num_steps, rows):
+            layer = base + (floor + per_kv * ctx)
+            out.append(layers * (layer if layer > host else host) + edge + step_s
+                       + per_row_s * rows)
+        return out
+
+    def _gemm(self, tokens: float, k: int, m: int) -> float:
+        return _gemm_s(self.terms, self.peaks, tokens, k, m, self.dtype_bytes)
+
+    def _small(self, moved_bytes: float) -> float:
+        return _small_op_s(self.terms, self.peaks, moved_bytes)
+
+    def _kernels_per_layer(self) -> int:
+        """Kernels one layer launches besides attention (what an eager host dispatches)."""
+        s = self.shapes
+        count = 2 + 2 + 1 + (1 if s.qk_norm else 0)  # QKV, O, two norms, RoPE, q/k norms
+        count += 5 if s.is_moe else 3  # router, top-k, 2 expert GEMMs, act | up, act, down
+        count += 2 if self.tensor_parallel > 1 else 0  # the two all-reduces
+        return count + (1 if self.expert_parallel > 1 else 0)
+
+    def layer_s(self, tokens: int) -> float:
+        """One layer's GEMMs, small ops and collectives for `tokens` rows (no attention)."""
+        s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
+        h, q_dim = s.hidden_size, self._q_dim
+        kv_dim = self._kv_bytes_layer // (2 * b)
+        layer = self._gemm(tokens, h, q_dim + 2 * kv_dim) + self._gemm(tokens, q_dim, h)
+        layer += self.mlp_s(tokens)
+        # Two fused add+RMSNorms, RoPE on q and k, (Qwen3) q/k norms: bytes in + out.
+        layer += 2 * self._small(4 * tokens * h * b)
+        layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        if s.qk_norm:
+            layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        # Row-parallel O-proj and down-proj each all-reduce [tokens, hidden].
+        return layer + 2 * t.allreduce_s(tokens * h * b, tp)
+
+    def edge_s(self, tokens: int, rows: int) -> float:
+        """Embedding and final norm over `tokens`, then LM head, gather and sampler of `rows`."""
+        s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
+        h = s.hidden_size
+        edge = self._small(2 * tokens * h * b) + self._small(4 * tokens * h * b)
+        if not rows:
+            return edge
+        edge += self._gemm(rows, h, s.vocab_size // tp)
+        if tp > 1:  # the vocab-parallel logits gathered: about half an all-reduce's bytes
+            edge += t.allreduce_s(rows * s.vocab_size // tp * b, tp) / 2
+        return edge + t.sampler_floor_s + t.sampler_per_row_s * rows + 6 * self._kernel_s
+
+    def mlp_s(self, tokens: int) -> float:
+        """One layer's MLP: dense SwiGLU/GELU, or routed experts by tokens per expert."""
+        s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
+        h = s.hidden_size
+        if not s.is_moe:
+            inter = s.intermediate_size // tp
+            gates = 2 if s.gated_mlp else 1
+            return (self._gemm(tokens, h, gates * inter) + self._gemm(tokens, inter, h)
+                    + self._small((gates + 1) * tokens * inter * b))
+        ep, k, experts = self.expert_parallel, s.experts_per_token, s.num_experts
+        inter = s.moe_intermediate_size // tp
+        # Balanced expert parallelism: this rank's experts get as many token-slots from the
+        # other ranks as it sends away; an expert is active if any of the ep x tokens routes
+        # to it (top-k of E, independent rows).
+        slots = tokens * k
+        active = experts / ep * (1.0 - (1.0 - k / experts) ** (tokens * ep))
+        per_expert = slots / active
+        # One fused kernel per projection over every active expert.
+        experts_s = active * (self._gemm(per_expert, h, 2 * inter)
+                              + self._gemm(per_expert, inter, h)) / t.moe_eff
+        router_s = self._gemm(tokens, h, experts)
+        act_s = self._small(3 * slots * inter * b)
+        # Expert parallelism: all-gather the ranks' tokens, reduce-scatter the outputs (the
+        # bytes of one all-reduce of every rank's [tokens, hidden]).
+        exchange_s = t.allreduce_s(ep * tokens * h * b, ep) if ep > 1 else 0.0
+        return experts_s + router_s + act_s + exchange_s
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        """Backend protocol: the predicted duration, no sampled tokens."""
+        return StepResult(duration_s=self.predict(plan))
+
+    def free(self, request: Request) -> None:
+        """Backend protocol: the cost model keeps no per-request state."""
