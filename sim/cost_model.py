@@ -7,20 +7,22 @@ a few multiply-adds (it runs per step).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from sim.core import BatchPlan, Request, StepResult
+from sim.cost_coefficients import (
+    ATTN_QUERY_TILE_ROWS,  # noqa: F401 (re-exported: the feature's one source of truth)
+    check_parallel,
+    coefficients,
+    rank_weight_bytes,
+)
 from sim.hardware import GiB, HardwareSpec, hardware_spec
-from sim.model_specs import ModelSpec, model_spec
+from sim.model_config import resolve_model
+from sim.model_specs import ModelSpec
 
-# Bytes per weight / KV element. Only 16-bit types: HardwareSpec.peak_flops is the bf16/fp16 rate.
+# Bytes per weight / KV element; GEMMs run at HardwareSpec.flops_for(dtype). 16-bit only, as
+# vLLM's --dtype (FP8 is a quantization there, with scales this model does not price).
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2}
-
-# FlashAttention's forward pass tiles the queries in blocks of 128 rows and streams the
-# context's K/V from HBM once per tile, so a prefill chunk of n tokens over a context of c
-# reads about n * c / 128 tokens of KV (exact once n >= 128; an undercount below that).
-ATTN_QUERY_TILE_ROWS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,10 @@ class AnalyticCostModel:
     # NVLink node. vLLM's all-reduce took ~9-12 us a call for small messages on H100 at
     # tp 2-8 outside CUDA graphs (benchmark in sglang PR #2904).
     allreduce_latency_s: float = 10e-6
+    # Data-parallel ranks of the deployment (each its own engine, priced one at a time) and
+    # whether their experts are sharded across all tp x dp GPUs (vLLM's expert parallel).
+    data_parallel: int = 1
+    expert_parallel: bool = False
 
     # Derived at construction; all times in seconds per unit named, on each GPU.
     dtype_bytes: int = field(init=False, repr=False)
@@ -69,6 +75,11 @@ class AnalyticCostModel:
     _comm_s_per_sampled_row: float = field(init=False, repr=False, compare=False)
     _comm_s_per_step: float = field(init=False, repr=False, compare=False)
     _swap_s_per_token: float = field(init=False, repr=False, compare=False)
+    # Mixture of experts (0 local experts: dense): experts one GPU holds, seconds to read
+    # one of them in every MoE layer, and how many tokens per step's token reach them.
+    _local_experts: int = field(init=False, repr=False, compare=False)
+    _expert_read_s: float = field(init=False, repr=False, compare=False)
+    _expert_token_scale: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -86,8 +97,9 @@ class AnalyticCostModel:
                 f"AnalyticCostModel: allreduce_latency_s must be >= 0, "
                 f"got {self.allreduce_latency_s}"
             )
-        _check_tensor_parallel(self.model, self.hardware, self.tensor_parallel)
-        for key, value in _coefficients(self).items():
+        check_parallel(self.model, self.hardware, self.tensor_parallel, self.data_parallel,
+                       self.expert_parallel)
+        for key, value in coefficients(self, DTYPE_BYTES[self.dtype]).items():
             object.__setattr__(self, key, value)
 
     @classmethod
@@ -98,10 +110,12 @@ class AnalyticCostModel:
         dtype: str = "bf16",
         tensor_parallel: int = 1,
     ) -> AnalyticCostModel:
-        """Build from preset names (servelab's default deployment: Llama-3-8B, one H100, bf16)."""
+        """Build from a model preset, shipped Hugging Face id or config path, and a GPU name
+        or file (servelab's default deployment: Llama-3-8B, one H100, bf16)."""
+        hardware = hardware_spec(hardware_name)
         return cls(
-            model_spec(model_name), hardware_spec(hardware_name), dtype,
-            tensor_parallel=tensor_parallel,
+            resolve_model(model_name), hardware, dtype, tensor_parallel=tensor_parallel,
+            allreduce_latency_s=hardware.interconnect_latency_s,
         )
 
     @property
@@ -130,8 +144,11 @@ class AnalyticCostModel:
             + self._compute_s_per_attn_pair * (prefill_attn + decode_context)
             + self._compute_s_per_sampled_row * sampled_rows
         )
+        weights_s = self._memory_s_weights
+        if self._local_experts:  # MoE: the experts this step's tokens reach
+            weights_s += self.expert_weights_s(tokens)
         memory_s = (
-            self._memory_s_weights
+            weights_s
             + self._memory_s_per_kv_token * (tokens + decode_context)
             + self._memory_s_per_prefill_pair * prefill_attn
         )
@@ -154,6 +171,8 @@ class AnalyticCostModel:
         per_token = self._compute_s_per_token * rows
         per_sampled = self._compute_s_per_sampled_row * rows
         per_pair, weights_s = self._compute_s_per_attn_pair, self._memory_s_weights
+        if self._local_experts:
+            weights_s += self.expert_weights_s(rows)
         per_kv, overhead_s = self._memory_s_per_kv_token, self.overhead_s
         comm_s = (self._comm_s_per_token * rows + self._comm_s_per_sampled_row * rows
                   + self._comm_s_per_step)
@@ -165,6 +184,17 @@ class AnalyticCostModel:
                              + overhead_s)
         return durations
 
+    def expert_weights_s(self, tokens: int) -> float:
+        """Seconds one GPU spends reading the experts a step of `tokens` tokens reaches."""
+        share = 1.0 - (1.0 - self.model.num_experts_per_tok / self.model.num_experts) ** (
+            tokens * self._expert_token_scale)
+        return self._local_experts * share * self._expert_read_s
+
+    @property
+    def rank_weight_bytes(self) -> int:
+        """Weight bytes on each GPU (tp and expert-parallel shards)."""
+        return rank_weight_bytes(self)
+
     def execute(self, plan: BatchPlan) -> StepResult:
         """Backend protocol: the predicted duration, no sampled tokens."""
         return StepResult(duration_s=self.predict(plan))
@@ -173,106 +203,29 @@ class AnalyticCostModel:
         """Backend protocol: the cost model keeps no per-request state."""
 
     def kv_pool_blocks(self, block_size: int, memory_utilization: float = 0.9) -> int:
-        """KV blocks fitting in utilization x memory of all tp GPUs after weights and reserves."""
+        """KV blocks of one engine, as vLLM sizes them on each of its GPUs: utilization x
+        memory, less that GPU's weights and its activation and graph reserve, over one
+        block's bytes on that GPU (docs/deployment.md)."""
         if block_size < 1:
             raise ValueError(f"kv_pool_blocks: block_size must be >= 1, got {block_size}")
         if not 0.0 < memory_utilization <= 1.0:
             raise ValueError(
                 f"kv_pool_blocks: memory_utilization must be in (0, 1], got {memory_utilization}"
             )
-        tp = self.tensor_parallel
-        # Like vLLM's gpu_memory_utilization: a fraction of each whole GPU for this engine.
-        # Every GPU keeps its own reserve; the weights are split across them.
-        budget_bytes = self.hardware.memory_bytes * memory_utilization * tp
-        kv_bytes = budget_bytes - self.weight_bytes - tp * self.reserve_bytes
-        # One block holds block_size tokens of every layer's K/V, spread over the tp GPUs
-        # (replicated KV heads counted on every GPU that stores them).
-        block_bytes = self.gpu_kv_bytes_per_token * tp * block_size
+        kv_bytes = self.kv_cache_bytes(memory_utilization)
+        block_bytes = self.gpu_kv_bytes_per_token * block_size
         if kv_bytes < block_bytes:
+            tp = self.tensor_parallel
             raise ValueError(
                 f"model {self.model.name} ({self.dtype}) does not fit on {self.hardware.name} "
-                f"x {tp}: weights {self.weight_bytes / GiB:.1f} GiB + reserve "
-                f"{tp} x {self.reserve_bytes / GiB:.1f} GiB leave no room for one KV block in "
-                f"{memory_utilization:g} x {tp} x {self.hardware.memory_bytes / GiB:.0f} GiB"
+                f"x {tp}: weights {self.rank_weight_bytes / GiB:.1f} GiB + reserve "
+                f"{self.reserve_bytes / GiB:.1f} GiB a GPU leave no room for one KV block in "
+                f"{memory_utilization:g} x {self.hardware.memory_bytes / GiB:.1f} GiB"
             )
         return int(kv_bytes // block_bytes)
 
-
-def _check_tensor_parallel(model: ModelSpec, hardware: HardwareSpec, tp: int) -> None:
-    """Raise unless `tp` GPUs can split `model` the way vLLM's tensor parallelism does."""
-    where = f"AnalyticCostModel: tensor_parallel={tp} for {model.name} on {hardware.name}"
-    if tp < 1:
-        raise ValueError(f"{where}: must be >= 1")
-    if tp > hardware.max_gpus:
-        raise ValueError(f"{where}: exceeds the {hardware.max_gpus} GPUs of one NVLink node")
-    if model.num_heads % tp:
-        raise ValueError(f"{where}: must divide the model's {model.num_heads} attention heads")
-    # vLLM splits KV heads evenly, or replicates each on tp / num_kv_heads GPUs.
-    if model.num_kv_heads % tp and tp % model.num_kv_heads:
-        raise ValueError(
-            f"{where}: must divide or be a multiple of the model's {model.num_kv_heads} KV heads"
-        )
-
-
-def _coefficients(cost: AnalyticCostModel) -> dict[str, float | int]:
-    """The constant per-unit times behind `predict`, and the byte sizes they come from."""
-    spec, tp = cost.model, cost.tensor_parallel
-    dtype_bytes = DTYPE_BYTES[cost.dtype]
-    flops_s = cost.hardware.peak_flops * cost.flops_efficiency  # one GPU's achieved FLOP/s
-    bytes_s = cost.hardware.mem_bandwidth_bytes_s * cost.bandwidth_efficiency  # one GPU's B/s
-    embed_params = spec.vocab_size * spec.hidden_size  # one vocab x hidden matrix
-    num_matrices = 1 if spec.tie_word_embeddings else 2  # input embedding, lm_head
-    linear_params = spec.num_params - num_matrices * embed_params  # every token's GEMMs
-    # A step reads every weight once, except the input embedding: only the rows of this
-    # step's tokens are gathered. A tied matrix is read in full as the lm_head.
-    read_params = linear_params + embed_params
-    # Each GPU stores K/V for ceil(num_kv_heads / tp) heads: a slice of them while
-    # tp <= num_kv_heads, one replicated head beyond that (as vLLM does).
-    kv_heads_per_gpu = math.ceil(spec.num_kv_heads / tp)
-    gpu_kv_bytes_per_token = (
-        spec.kv_bytes_per_token(dtype_bytes) // spec.num_kv_heads * kv_heads_per_gpu
-    )
-    # QK^T and PV: 2 FLOPs per multiply-add, 2 matmuls, over every query head's head_dim.
-    # A prefill chunk counts its full chunk x context rectangle although a causal kernel
-    # skips about half of a first chunk's square; attention kernels also run below GEMM
-    # efficiency (FlashAttention-2 forward ~50-70% of peak), and the two roughly cancel.
-    attn_flops_per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
-    # The tp GPUs run in lockstep, each on its 1/tp of the FLOPs and weight bytes, so a
-    # step takes one GPU's time (norm weights, replicated on every GPU, are < 0.01%).
-    return {
-        "dtype_bytes": dtype_bytes,
-        "weight_bytes": spec.num_params * dtype_bytes,
-        "gpu_kv_bytes_per_token": gpu_kv_bytes_per_token,
-        "_compute_s_per_token": 2 * linear_params / tp / flops_s,
-        "_compute_s_per_attn_pair": attn_flops_per_pair / tp / flops_s,
-        # lm_head runs only for rows that sample: the last position of each sequence.
-        "_compute_s_per_sampled_row": 2 * embed_params / tp / flops_s,
-        "_memory_s_weights": read_params * dtype_bytes / tp / bytes_s,
-        # Each new token writes its K/V once; each decode reads its whole context once.
-        "_memory_s_per_kv_token": gpu_kv_bytes_per_token / bytes_s,
-        "_memory_s_per_prefill_pair": gpu_kv_bytes_per_token / ATTN_QUERY_TILE_ROWS / bytes_s,
-        **_comm_coefficients(cost, dtype_bytes),
-        # Each GPU moves its own share of a token's KV over its own PCIe link, in parallel.
-        "_swap_s_per_token": gpu_kv_bytes_per_token / cost.hardware.host_link_bytes_s,
-    }
-
-
-def _comm_coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float]:
-    """Seconds of tensor-parallel communication per token, sampled row and step; 0 on 1 GPU."""
-    tp, spec = cost.tensor_parallel, cost.model
-    if tp == 1:
-        return {"_comm_s_per_token": 0.0, "_comm_s_per_sampled_row": 0.0, "_comm_s_per_step": 0.0}
-    link_bytes_s = cost.hardware.interconnect_bytes_s
-    # Row-parallel attention output and MLP down projections each all-reduce the
-    # [tokens, hidden] activations; the vocab-parallel embedding adds one more.
-    num_allreduces = 2 * spec.num_layers + 1
-    # A ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer on every link.
-    ring_bytes_per_token = 2 * (tp - 1) / tp * spec.hidden_size * dtype_bytes
-    # The vocab-parallel lm_head's logits, [rows, vocab / tp] on each GPU, are gathered to
-    # the sampling GPU, which receives (tp - 1) / tp of each row through its own link.
-    gather_bytes_per_row = (tp - 1) / tp * spec.vocab_size * dtype_bytes
-    return {
-        "_comm_s_per_token": num_allreduces * ring_bytes_per_token / link_bytes_s,
-        "_comm_s_per_sampled_row": gather_bytes_per_row / link_bytes_s,
-        "_comm_s_per_step": (num_allreduces + 1) * cost.allreduce_latency_s,  # + the gather
-    }
+    def kv_cache_bytes(self, memory_utilization: float = 0.9) -> float:
+        """Bytes each GPU has left for KV: vLLM's gpu_memory_utilization x memory, less the
+        GPU's weights and reserve (negative when they do not fit)."""
+        return (self.hardware.memory_bytes * memory_utilization - self.rank_weight_bytes
+                - self.reserve_bytes)

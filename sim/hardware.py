@@ -1,32 +1,48 @@
-"""GPU presets for the analytic cost model: peak dense FLOP/s, memory, NVLink, and prices.
+"""GPUs as data: one JSON file per GPU in sim/gpus/ (or any path), read into a HardwareSpec.
 
-Numbers are the vendor's datasheet figures for one SXM GPU; the cost model's efficiency
-factors, not these presets, account for what real kernels achieve.
+A file gives peak dense FLOP/s per dtype, memory size and bandwidth, the GPU-to-GPU and host
+links, a price per hour, and a source for each number. Figures are datasheet peaks; the cost
+model's efficiency factors, not these files, account for what real kernels achieve.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 GiB = 2**30
+GPUS_DIR = Path(__file__).parent / "gpus"
+
+_REQUIRED = ("peak_flops", "memory_bytes", "mem_bandwidth_bytes_s", "interconnect_bytes_s",
+             "host_link_bytes_s")
 
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """One GPU's roofline: peak tensor FLOP/s, HBM bandwidth and capacity, NVLink bandwidth."""
+    """One GPU's roofline: peak tensor FLOP/s, HBM bandwidth and capacity, links, price."""
 
     name: str
     peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s, without 2:4 sparsity
-    mem_bandwidth_bytes_s: float  # HBM bandwidth, bytes/s
-    memory_bytes: int  # HBM capacity, bytes
-    # GPU-to-GPU NVLink bandwidth of one GPU in one direction, bytes/s. Datasheets quote the
-    # bidirectional total, so this is half the datasheet figure.
+    mem_bandwidth_bytes_s: float  # device memory bandwidth, bytes/s
+    memory_bytes: int  # device memory capacity, bytes
+    # GPU-to-GPU bandwidth of one GPU in one direction, bytes/s (NVLink, or PCIe where the
+    # card has none). Datasheets quote the bidirectional total, so this is half of it.
     interconnect_bytes_s: float
     # Host (CPU memory) link of one GPU in one direction, bytes/s: PCIe, which KV swapped to
     # host memory crosses. Datasheets quote the bidirectional total, so this is half of it.
     host_link_bytes_s: float
-    # GPUs in one NVLink node (HGX board); tensor parallelism stays within one node.
+    # GPUs in one node (an HGX board, or a PCIe server); tensor parallelism stays within it.
     max_gpus: int = 8
+    peak_fp8_flops: float | None = None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
+    # Fixed cost of one collective (all-reduce, all-to-all) on top of its bytes.
+    interconnect_latency_s: float = 10e-6
+    usd_per_hour: float | None = None  # default price of one GPU for one hour, USD
+    description: str = ""
+    # Where each number comes from, by field name (as the file gives it).
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "mem_bandwidth_bytes_s", "memory_bytes",
@@ -35,49 +51,92 @@ class HardwareSpec:
                 raise ValueError(f"hardware {self.name}: {key} must be > 0")
         if self.max_gpus < 1:
             raise ValueError(f"hardware {self.name}: max_gpus must be >= 1, got {self.max_gpus}")
+        if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
+            raise ValueError(f"hardware {self.name}: peak_flops.fp8 must be > 0")
+        if not self.interconnect_latency_s >= 0:
+            raise ValueError(f"hardware {self.name}: interconnect_latency_s must be >= 0")
+        if self.usd_per_hour is not None and not self.usd_per_hour > 0:
+            raise ValueError(f"hardware {self.name}: usd_per_hour must be > 0")
+
+    def flops_for(self, dtype: str) -> float:
+        """Peak dense FLOP/s of GEMMs in `dtype` (bf16, fp16 or fp8)."""
+        if dtype != "fp8":
+            return self.peak_flops
+        if self.peak_fp8_flops is None:
+            raise ValueError(f"hardware {self.name}: no FP8 tensor cores (peak_flops.fp8)")
+        return self.peak_fp8_flops
 
 
-# Datasheets quote memory as "80GB"/"141GB"; nvidia-smi reports 81920 MiB (A100 80GB),
-# 81559 MiB (H100 SXM) and 143771 MiB (H200), so the figure is read as GiB (within 1%).
-HARDWARE_SPECS: dict[str, HardwareSpec] = {
-    spec.name: spec
-    for spec in (
-        # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column:
-        # BF16 tensor 312 TFLOPS dense (624 with sparsity), HBM2e 2,039 GB/s, 80 GB;
-        # NVLink 600 GB/s (bidirectional), so 300 GB/s each way; HGX A100 holds 8 GPUs;
-        # PCIe Gen4 x16, 64 GB/s (bidirectional), so 32 GB/s each way.
-        HardwareSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, 32e9),
-        # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column:
-        # BF16 tensor 1,979 TFLOPS with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB;
-        # NVLink 900 GB/s (bidirectional), so 450 GB/s each way; HGX H100 holds 8 GPUs;
-        # PCIe Gen5 x16, 128 GB/s (bidirectional), so 64 GB/s each way.
-        HardwareSpec("h100", 989e12, 3.35e12, 80 * GiB, 450e9, 64e9),
-        # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column:
-        # BF16 tensor 1,979 TFLOPS with sparsity, so 989 dense; HBM3e 4.8 TB/s; 141 GB;
-        # NVLink 900 GB/s (bidirectional), so 450 GB/s each way; HGX H200 holds 8 GPUs;
-        # PCIe Gen5 x16, 128 GB/s (bidirectional), so 64 GB/s each way.
-        HardwareSpec("h200", 989e12, 4.8e12, 141 * GiB, 450e9, 64e9),
-    )
-}
+def load_hardware(path: Path) -> HardwareSpec:
+    """A HardwareSpec from a GPU file; errors name the file and the field."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read a GPU file: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a GPU file must be a JSON object")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise ValueError(f"{path}: GPU file lacks {', '.join(missing)}")
+    flops = data["peak_flops"]
+    if not isinstance(flops, dict) or "bf16" not in flops:
+        raise ValueError(f"{path}: peak_flops must map dtypes to FLOP/s, bf16 at least")
+    try:
+        return HardwareSpec(
+            name=str(data.get("name", Path(path).stem)), peak_flops=float(flops["bf16"]),
+            mem_bandwidth_bytes_s=float(data["mem_bandwidth_bytes_s"]),
+            memory_bytes=int(data["memory_bytes"]),
+            interconnect_bytes_s=float(data["interconnect_bytes_s"]),
+            host_link_bytes_s=float(data["host_link_bytes_s"]),
+            max_gpus=int(data.get("max_gpus", 8)),
+            peak_fp8_flops=None if flops.get("fp8") is None else float(flops["fp8"]),
+            interconnect_latency_s=float(data.get("interconnect_latency_s", 10e-6)),
+            usd_per_hour=None if data.get("usd_per_hour") is None
+            else float(data["usd_per_hour"]),
+            description=str(data.get("description", "")),
+            sources=tuple(sorted((data.get("sources") or {}).items())),
+        )
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: {error}") from None
 
-# Default price of one GPU for one hour, USD, per preset. Round numbers within the range of
-# 2025 public-cloud on-demand list prices, which differ several-fold between providers:
-# defaults for comparing configurations against each other, not a quote for any provider.
+
+# The first presets, listed first; the other files follow by name.
+_FIRST = ("a100-80gb", "h100", "h200")
+
+
+@cache
+def _shipped() -> dict[str, HardwareSpec]:
+    specs = {spec.name: spec for spec in map(load_hardware, sorted(GPUS_DIR.glob("*.json")))}
+    return dict(sorted(specs.items(), key=lambda item: (item[0] not in _FIRST, item[0])))
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())  # "RTX4090", "rtx_4090" -> "rtx4090"
+
+
+HARDWARE_SPECS: dict[str, HardwareSpec] = _shipped()
+
+# Default price of one GPU for one hour, USD, per preset (each file's usd_per_hour): for
+# comparing configurations against each other, not a quote for any provider.
 # `servelab plan --gpu-prices` overrides them.
 GPU_HOUR_USD: dict[str, float] = {
-    "a100-80gb": 2.0,
-    "h100": 3.0,
-    "h200": 4.0,
+    name: spec.usd_per_hour for name, spec in HARDWARE_SPECS.items()
+    if spec.usd_per_hour is not None
 }
 
 
 def hardware_spec(name: str) -> HardwareSpec:
-    """Look up a GPU preset by name, with the list of known names in the error."""
-    try:
-        return HARDWARE_SPECS[name]
-    except KeyError:
-        known = ", ".join(HARDWARE_SPECS)
-        raise ValueError(f"unknown hardware preset {name!r}; known: {known}") from None
+    """A shipped GPU by name (case and dashes ignored), or a GPU file's path."""
+    for preset, spec in HARDWARE_SPECS.items():
+        if _key(preset) == _key(name):
+            return spec
+    path = Path(name)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"--hardware {name}: no such GPU file")
+        return load_hardware(path)
+    known = ", ".join(HARDWARE_SPECS)
+    raise ValueError(f"unknown hardware preset {name!r}; known: {known} (or a GPU file)")
 
 
 def gpu_hour_usd(name: str, prices: dict[str, float] | None = None) -> float:

@@ -1,20 +1,28 @@
 """Transformer shapes as plain data, shared by the cost models (sim) and the executor.
 
-Numbers come from each model's published config.json on its Hugging Face model card.
+Presets here are the small shapes tests and the executor use; real models are Hugging Face
+configs (sim.model_config reads them, sim/models/ ships the common ones).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Activations of a gated MLP (gate, up and down projections: three matrices); any other
+# activation is a plain two-matrix MLP.
+GATED_ACTIVATIONS = ("silu", "swiglu", "gelu_pytorch_tanh_gated")
+
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A Llama-family decoder's shape; enough to size weights, KV and FLOPs."""
+    """A decoder's shape, dense or mixture-of-experts; enough to size weights, KV and FLOPs.
+
+    Field names follow Hugging Face's config.json where one exists.
+    """
 
     name: str
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # the dense MLP's width (layers without experts)
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -24,30 +32,102 @@ class ModelSpec:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 adds biases to q/k/v projections
+    head_dim: int = 0  # 0: hidden_size // num_heads (Qwen3 sets it apart from hidden_size)
+    hidden_act: str = "silu"
+    qk_norm: bool = False  # Qwen3 normalises each head's q and k (head_dim weights each)
+    # Mixture of experts (0 experts: a dense model). Each MoE layer routes every token to
+    # num_experts_per_tok of num_experts experts of width moe_intermediate_size, plus an
+    # always-on shared expert of width shared_expert_intermediate_size (0: none).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0  # layers of an MoE model that keep a dense MLP
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
                     "num_kv_heads", "vocab_size", "max_position_embeddings"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model {self.name}: {key} must be >= 1")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"model {self.name}: hidden_size not divisible by num_heads")
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"model {self.name}: hidden_size not divisible by num_heads")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.head_dim < 1:
+            raise ValueError(f"model {self.name}: head_dim must be >= 1, got {self.head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model {self.name}: num_heads not divisible by num_kv_heads")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.num_experts == 0:
+            if self.num_experts_per_tok or self.moe_intermediate_size or self.num_dense_layers:
+                raise ValueError(f"model {self.name}: expert fields without num_experts")
+            return
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"model {self.name}: num_experts_per_tok must be in "
+                             f"[1, num_experts={self.num_experts}]")
+        if self.moe_intermediate_size < 1:
+            raise ValueError(f"model {self.name}: moe_intermediate_size must be >= 1")
+        if not 0 <= self.num_dense_layers < self.num_layers:
+            raise ValueError(f"model {self.name}: num_dense_layers must be in "
+                             f"[0, num_layers={self.num_layers})")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (or one expert): 3 gated, else 2."""
+        return 3 if self.hidden_act in GATED_ACTIVATIONS else 2
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's attention weights: q, k, v, o (and q/k biases and norms if any)."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_heads * d, self.num_kv_heads * d
+        bias = q + 2 * kv if self.qkv_bias else 0
+        norms = 2 * self.head_dim if self.qk_norm else 0
+        return h * q * 2 + h * kv * 2 + bias + norms
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's weights."""
+        return self.mlp_matrices * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def moe_dense_params(self) -> int:
+        """One MoE layer's weights every token uses: the router and the shared expert."""
+        shared = self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
+        shared_gate = self.hidden_size if self.shared_expert_intermediate_size else 0
+        return self.num_experts * self.hidden_size + shared + shared_gate
+
+    @property
+    def expert_params_total(self) -> int:
+        """Every routed expert of every MoE layer."""
+        return self.num_moe_layers * self.num_experts * self.expert_params
 
     @property
     def num_params(self) -> int:
         """Parameter count (embeddings and lm_head counted once if tied)."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = h * h * 2 + h * kv * 2 + (h + 2 * kv if self.qkv_bias else 0)
-        mlp = 3 * h * self.intermediate_size
-        per_layer = attn + mlp + 2 * h
+        h = self.hidden_size
+        dense_mlp = self.mlp_matrices * h * self.intermediate_size
+        num_dense = self.num_layers - self.num_moe_layers
+        layers = (self.num_layers * (self.attention_params + 2 * h) + num_dense * dense_mlp
+                  + self.num_moe_layers * self.moe_dense_params + self.expert_params_total)
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
+        return layers + embed + h
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token's forward uses: all but the experts it is not routed to."""
+        idle = self.num_moe_layers * (self.num_experts - self.num_experts_per_tok)
+        return self.num_params - idle * self.expert_params
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V one token occupies across all layers."""
