@@ -21,6 +21,7 @@ from executor.loading import cpu_model
 from sim.cluster import ClusterConfig, run_cluster
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
+from sim.gpu_cost import gpu_cost_backend
 from sim.metrics import summarize
 from sim.router import RouterConfig
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--router", default="least-requests")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--listed", action="store_true", help="list every decode row")
+    parser.add_argument("--cost", default="roofline", choices=("roofline", "gpu"),
+                        help="cost model pricing the steps (compare the two's speed)")
     args = parser.parse_args()
     rate = args.rate_per_replica * args.replicas
     spec = (f"synthetic:n={args.requests},rate={rate:g},prompt=empirical(azure-conv),"
@@ -46,8 +49,10 @@ def main() -> None:
     start = time.perf_counter()
     requests = requests_from_trace(open_trace(spec, seed=args.seed))
     built_s = time.perf_counter() - start
-    backend = AnalyticCostModel.preset("llama-3-8b", "h100")
-    config = SchedulerConfig(policy="chunked", num_blocks=backend.kv_pool_blocks(16))
+    roofline = AnalyticCostModel.preset("llama-3-8b", "h100")
+    backend = (roofline if args.cost == "roofline"
+               else gpu_cost_backend(roofline.model, roofline.hardware))
+    config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
     engines = [Engine(Scheduler(config), backend) for _ in range(args.replicas)]
     cluster = ClusterConfig(num_replicas=args.replicas, router=RouterConfig(args.router))
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Fit the GPU cost model's terms on published OPERATOR profiles and write sim/data/gpu_cost_fit.json.
+"""Fit the GPU cost model on published OPERATOR profiles; writes sim/data/gpu_cost_fit.json.
 
 Fitted on: Vidur's per-operator times (A100, H100: GEMMs, small ops), Vidur's A100 attention
 and NCCL all-reduce tables, LLMServingSim's per-layer vLLM profiles (RTX 4090, RTX PRO 6000:
@@ -126,6 +126,9 @@ def fit_gpu(gpu: str, samples: list[OpSample]) -> dict:
     for s in samples:
         by_kind[s.kind].append(s)
     entry = {"source": ", ".join(sorted({s.source.split(" ")[0] for s in samples}))}
+    entry["covered"] = {"_what": "the profiles behind these terms and their largest GEMM rows",
+                        "profiles": sorted({s.source for s in samples}),
+                        "max_tokens": max(s.tokens for s in by_kind["gemm"])}
     entry["gemm"] = fit_gemm(by_kind["gemm"], gpu)
     entry["small_op"] = fit_small(by_kind["small"], gpu)
     if by_kind["attn_prefill"] and by_kind["attn_decode"]:

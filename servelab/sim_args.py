@@ -10,6 +10,8 @@ from pathlib import Path
 from sim.calibrated import CalibratedCostModel
 from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
+from sim.gpu_cost import coverage as gpu_coverage
+from sim.gpu_cost import gpu_cost_backend
 from sim.metrics import Slo
 from sim.scheduler import POLICIES, SchedulerConfig
 from sim.scheduler_config import PREEMPTION_MODES, QUEUES
@@ -155,6 +157,9 @@ def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="bf16", help="bf16 or fp16")
     group.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel GPUs per engine (analytic model; default 1)")
+    group.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
+                       help="gpu: the operator model fitted on published GPU profiles "
+                            "(default); roofline: the analytic roofline")
     group.add_argument("--cost-model", type=Path, default=None,
                        help="a calibration JSON from `servelab calibrate` instead of the "
                             "analytic model (its KV pool and max length become the defaults; "
@@ -195,7 +200,12 @@ def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str
     max_len = min(model.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     gpus = f"{tp}x {args.hardware}" if tp > 1 else args.hardware
     where = f"{args.model} on {gpus} ({args.dtype})"
-    return model, model.kv_pool_blocks(args.block_size), max_len, where
+    blocks = model.kv_pool_blocks(args.block_size)
+    if getattr(args, "cost", "gpu") == "roofline":
+        return model, blocks, max_len, where + "; priced by roofline"
+    fitted = gpu_cost_backend(model.model, model.hardware, tp)
+    note = gpu_coverage(model.model.name, model.hardware.name, args.token_budget or max_len)
+    return fitted, blocks, max_len, where + f"; priced by gpu-fitted: {note}"
 
 
 CLASS_COLUMNS = ("requests", "completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",

@@ -19,6 +19,8 @@ from sim.gpu_shapes import GpuPeaks, LayerShapes
 from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms
 from sim.gpu_terms import gemm_s as _gemm_s
 from sim.gpu_terms import small_op_s as _small_op_s
+from sim.hardware import HardwareSpec
+from sim.model_specs import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -214,3 +216,27 @@ class GpuCostModel:
 
     def free(self, request: Request) -> None:
         """Backend protocol: the cost model keeps no per-request state."""
+
+
+def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) -> str:
+    """One line: whether the GPU, the model and the step shapes lie inside the fitted data."""
+    entry = json.loads(path.read_text())["gpus"].get(gpu)
+    if entry is None:
+        return (f"GPU {gpu} outside the fitted data: extrapolated from its datasheet with the "
+                f"fitted GPUs' median efficiencies")
+    wanted = model_name.lower().replace("meta-", "").split("/")[-1]
+    profiled = any(wanted in p.lower() for p in entry["covered"]["profiles"])
+    model_note = ("model profiled on it" if profiled
+                  else f"model {model_name} not profiled there: priced by the GPU's fitted curves")
+    limit = entry["covered"]["max_tokens"]
+    shape_note = (f"steps up to {max_tokens} tokens inside the profiled {limit}"
+                  if max_tokens <= limit else
+                  f"steps up to {max_tokens} tokens beyond the profiled {limit}: extrapolated")
+    return f"GPU {gpu} fitted ({entry['source']}); {model_note}; {shape_note}"
+
+
+def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: int = 1,
+                     engine: str = "vllm") -> GpuCostModel:
+    """The fitted model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
+    return GpuCostModel(LayerShapes.from_model_spec(model), GpuPeaks.from_hardware_spec(hardware),
+                        load_engine(engine), tensor_parallel=tensor_parallel)

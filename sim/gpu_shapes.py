@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.hardware import HardwareSpec
 from sim.model_specs import ModelSpec
 
 
@@ -46,9 +47,14 @@ class LayerShapes:
 
     @classmethod
     def from_model_spec(cls, spec: ModelSpec) -> LayerShapes:
-        """The shapes of a servelab ModelSpec (a dense Llama-family decoder)."""
+        """The shapes of a servelab ModelSpec (shared experts and dense layers of MoE models
+        are not priced apart: every layer counts as routed)."""
+        head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
         return cls(spec.name, spec.num_layers, spec.hidden_size, spec.num_heads,
-                   spec.num_kv_heads, spec.head_dim, spec.intermediate_size, spec.vocab_size)
+                   spec.num_kv_heads, head_dim, spec.intermediate_size, spec.vocab_size,
+                   gated_mlp=spec.hidden_act in ("silu", "swiglu"), qk_norm=spec.qk_norm,
+                   num_experts=spec.num_experts, experts_per_token=spec.num_experts_per_tok,
+                   moe_intermediate_size=spec.moe_intermediate_size)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,12 @@ class GpuPeaks:
     peak_flops: float  # dense bf16 tensor FLOP/s (fp32 accumulate), no sparsity
     mem_bandwidth_bytes_s: float
     interconnect_bytes_s: float  # GPU-to-GPU, one direction (NVLink, else PCIe)
+
+    @classmethod
+    def from_hardware_spec(cls, spec: HardwareSpec) -> GpuPeaks:
+        """The peaks of a servelab HardwareSpec (a GPU data file)."""
+        return cls(spec.name, spec.peak_flops, spec.mem_bandwidth_bytes_s,
+                   spec.interconnect_bytes_s)
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "mem_bandwidth_bytes_s", "interconnect_bytes_s"):
