@@ -45,6 +45,11 @@ def fit_gemm(samples: list[OpSample], gpu: str) -> dict:
     eff_m = [float(np.median([m for _, m in ratios[t]])) for t in tokens]
     # More rows never lower a GEMM's achieved FLOP/s (tiles fill up); a dip is noise.
     eff_c = list(np.maximum.accumulate(eff_c))
+    # A GEMM's time never falls as rows grow: FLOPs per row are fixed, so the achieved
+    # FLOP/s grows at most in proportion to rows, and bytes grow, so bandwidth never rises.
+    for i in range(1, len(tokens)):
+        eff_c[i] = min(eff_c[i], eff_c[i - 1] * tokens[i] / tokens[i - 1])
+    eff_m = list(np.minimum.accumulate(eff_m))
     return {"_what": "GEMM achieved/peak FLOP/s and achieved/datasheet bandwidth by rows",
             "tokens": tokens, "eff_compute": [round(min(EFF_CAP, e), 4) for e in eff_c],
             "eff_memory": [round(min(EFF_CAP, e), 4) for e in eff_m]}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +41,9 @@ class GpuTerms:
     borrowed: tuple[str, ...] = ()
 
     def gemm_eff(self, tokens: float) -> tuple[float, float]:
-        """(eff_compute, eff_memory) at `tokens` rows, log-linear between table points."""
+        """(eff_compute, eff_memory) at `tokens` rows, linear between table points: with the
+        fit's eff_compute / rows and eff_memory non-increasing, a GEMM never gets faster
+        with more rows."""
         table = self.gemm_tokens
         if tokens <= table[0]:
             return self.gemm_eff_compute[0], self.gemm_eff_memory[0]
@@ -50,7 +51,7 @@ class GpuTerms:
             return self.gemm_eff_compute[-1], self.gemm_eff_memory[-1]
         i = bisect.bisect_right(table, tokens)
         lo, hi = table[i - 1], table[i]
-        w = math.log(tokens / lo) / math.log(hi / lo)
+        w = (tokens - lo) / (hi - lo)
         ec, em = self.gemm_eff_compute, self.gemm_eff_memory
         return ec[i - 1] + w * (ec[i] - ec[i - 1]), em[i - 1] + w * (em[i] - em[i - 1])
 
