@@ -204,7 +204,8 @@ def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str
     if getattr(args, "cost", "gpu") == "roofline":
         return model, blocks, max_len, where + "; priced by roofline"
     fitted = gpu_cost_backend(model.model, model.hardware, tp)
-    note = gpu_coverage(model.model.name, model.hardware.name, args.token_budget or max_len)
+    budget = getattr(args, "token_budget", None) or max_len
+    note = gpu_coverage(model.model.name, model.hardware.name, budget)
     return fitted, blocks, max_len, where + f"; priced by gpu-fitted: {note}"
 
 

@@ -180,7 +180,9 @@ def simulate_args(row: dict, context: PlanContext) -> list[str]:
     size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"])]
     budget = ["--token-budget", str(row["token_budget"])] if row["token_budget"] else []
     caching = [] if context.enable_prefix_caching else ["--no-enable-prefix-caching"]
-    return ["--model", context.model, "--dtype", context.dtype, "--hardware",
+    # plan prices deployments with the analytic roofline; the replay must price the same.
+    return ["--cost", "roofline", "--model", context.model, "--dtype", context.dtype,
+            "--hardware",
             row["hardware"], "--tp", str(row["tp"]), *size, "--router", row["router"],
             "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
             "--block-size", str(context.block_size), "--kv-link-gbps",
