@@ -5,7 +5,8 @@
   (same engine and hosts, a model the Llama-2-70B validation never uses): the dispatch time
   per kernel that leaves BLOOM's median step error at zero, per GPU host.
 - vllm: vLLM V1 replays decode under CUDA graphs, so no per-layer dispatch; its scheduler,
-  input preparation and output processing cost a fixed time per step and per sequence.
+  input preparation and output processing cost a fixed time per step and per sequence, and
+  with async scheduling (on by default) run while the GPU computes the previous step.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ def engine_entries(data: dict) -> dict:
     """The 'engines' section of the fit file (needs the GPU terms already written)."""
     splitwise = {gpu: splitwise_per_kernel_s(gpu) for gpu in ("a100-80gb", "h100")}
     return {
-        "vllm": {"_what": "vLLM V1 (CUDA graphs): host time per step and per sequence",
+        "vllm": {"_what": "vLLM V1 (CUDA graphs, async scheduling): host time per step and "
+                          "per sequence, overlapped with the GPU's step",
                  "step_s": VLLM_STEP_S, "per_kernel_s": 0.0, "per_row_s": VLLM_PER_ROW_S,
+                 "overlapped": True,
                  "source": "published vLLM V1 overhead figures (not fitted)"},
         **{f"splitwise-{gpu}": {
             "_what": "Splitwise's eager engine: host dispatch time per kernel",

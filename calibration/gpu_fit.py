@@ -29,29 +29,55 @@ from sim.gpu_terms import FIT_PATH
 # Efficiency table points: powers of two; a sample counts at the nearest one in log scale.
 GEMM_TOKENS = tuple(2**i for i in range(16))
 EFF_CAP = 1.2  # a measured kernel may beat a rounded datasheet figure, not by more
+PERCENTILES = (50, 60, 70, 80, 85, 90, 95, 98, 100)  # candidate efficiencies per row bin
+GEMM_LATENCIES_S = (0.0, 2e-6, 4e-6, 6e-6, 8e-6)  # candidate fixed time of one GEMM kernel
+
+
+def _fit_gemm_bin(flops_s: np.ndarray, bytes_s: np.ndarray, seconds: np.ndarray,
+                  latency_s: float) -> tuple[float, float, float]:
+    """(eff_compute, eff_memory, sum |log error|) of one row bin: each efficiency is tried at
+    percentiles of the samples' own achieved fractions; the pair with the least error wins."""
+    busy = np.maximum(seconds - latency_s, 0.05 * seconds)
+    best = (1.0, 1.0, np.inf)
+    for eff_c in np.unique(np.percentile(flops_s / busy, PERCENTILES)):
+        for eff_m in np.unique(np.percentile(bytes_s / busy, PERCENTILES)):
+            predicted = latency_s + np.maximum(flops_s / eff_c, bytes_s / eff_m)
+            error = float(np.abs(np.log(predicted / seconds)).sum())
+            if error < best[2]:
+                best = (float(eff_c), float(eff_m), error)
+    return best
 
 
 def fit_gemm(samples: list[OpSample], gpu: str) -> dict:
-    """Per token count: median achieved fraction of peak FLOP/s and of bandwidth."""
+    """A kernel latency, and per row count the achieved fractions of peak FLOP/s and of
+    bandwidth that price the bin's GEMMs best (least |log error|)."""
     peaks = known_gpu(gpu)
-    ratios: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for s in samples:
-        flops, moved = 2.0 * s.tokens * s.k * s.m, (s.k * s.m + s.tokens * (s.k + s.m)) * 2
-        point = GEMM_TOKENS[min(len(GEMM_TOKENS) - 1, round(np.log2(max(1, s.tokens))))]
-        ratios[point].append((flops / peaks.peak_flops / s.seconds,
-                              moved / peaks.mem_bandwidth_bytes_s / s.seconds))
-    tokens = sorted(ratios)
-    eff_c = [float(np.median([c for c, _ in ratios[t]])) for t in tokens]
-    eff_m = [float(np.median([m for _, m in ratios[t]])) for t in tokens]
-    # More rows never lower a GEMM's achieved FLOP/s (tiles fill up); a dip is noise.
-    eff_c = list(np.maximum.accumulate(eff_c))
+    rows = np.array([s.tokens for s in samples], dtype=float)
+    k, m = np.array([s.k for s in samples], float), np.array([s.m for s in samples], float)
+    flops_s = 2 * rows * k * m / peaks.peak_flops  # seconds at 100% of peak
+    bytes_s = (k * m + rows * (k + m)) * 2 / peaks.mem_bandwidth_bytes_s
+    seconds = np.array([s.seconds for s in samples])
+    points = np.array(GEMM_TOKENS)[np.minimum(len(GEMM_TOKENS) - 1,
+                                              np.round(np.log2(np.maximum(rows, 1))).astype(int))]
+    tokens = sorted({int(p) for p in points})
+    best: tuple[float, list, list] = (np.inf, [], [])
+    for latency_s in GEMM_LATENCIES_S:
+        fits = [_fit_gemm_bin(flops_s[points == t], bytes_s[points == t], seconds[points == t],
+                              latency_s) for t in tokens]
+        error = sum(f[2] for f in fits)
+        if error < best[0]:
+            best = (error, [f[0] for f in fits], [f[1] for f in fits], latency_s)
+    _, eff_c, eff_m, latency_s = best
     # A GEMM's time never falls as rows grow: FLOPs per row are fixed, so the achieved
     # FLOP/s grows at most in proportion to rows, and bytes grow, so bandwidth never rises.
+    eff_c = list(np.maximum.accumulate(eff_c))
     for i in range(1, len(tokens)):
         eff_c[i] = min(eff_c[i], eff_c[i - 1] * tokens[i] / tokens[i - 1])
     eff_m = list(np.minimum.accumulate(eff_m))
-    return {"_what": "GEMM achieved/peak FLOP/s and achieved/datasheet bandwidth by rows",
-            "tokens": tokens, "eff_compute": [round(min(EFF_CAP, e), 4) for e in eff_c],
+    return {"_what": "GEMM: latency + max(FLOPs / (peak x eff_compute), bytes / (bandwidth x "
+                     "eff_memory)), efficiencies by rows",
+            "latency_s": latency_s, "tokens": tokens,
+            "eff_compute": [round(min(EFF_CAP, e), 4) for e in eff_c],
             "eff_memory": [round(min(EFF_CAP, e), 4) for e in eff_m]}
 
 
@@ -110,19 +136,26 @@ def fit_allreduce(gpu: str) -> dict:
 
 
 def fit_moe(samples: list[OpSample], gemm: dict, gpu: str) -> dict:
-    """Fused-MoE layer time over what one dense GEMM pass of its active experts would take."""
-    from sim.gpu_terms import GpuTerms, gemm_s
+    """The fused-MoE kernels' bandwidth fraction on expert weights and FLOP/s relative to the
+    dense GEMM curve that price the profiled layers best (least |log error|)."""
+    from sim.gpu_terms import GpuTerms, moe_experts_s
     peaks = known_gpu(gpu)
-    terms = GpuTerms(gpu, True, "", tuple(gemm["tokens"]), tuple(gemm["eff_compute"]),
-                     tuple(gemm["eff_memory"]), 0, 1, 1, 0, 1, 0, 0, 0, {}, 1.0)
-    ratios = []
-    for s in samples:
-        per_expert = s.tokens * 8 / s.experts  # rows each active expert receives (top-8)
-        dense_s = s.experts * (gemm_s(terms, peaks, per_expert, s.k, 2 * s.m)
-                               + gemm_s(terms, peaks, per_expert, s.m, s.k))
-        ratios.append(dense_s / s.seconds)
-    return {"_what": "fused-MoE efficiency relative to dense GEMMs per active expert",
-            "eff": round(min(EFF_CAP, float(np.median(ratios))), 4)}
+    seconds = np.array([s.seconds for s in samples])
+
+    def error(effs: tuple[float, float]) -> float:
+        terms = GpuTerms(gpu, True, "", tuple(gemm["tokens"]), tuple(gemm["eff_compute"]),
+                         tuple(gemm["eff_memory"]), 0, 1, 1, 0, 1, 0, 0, 0, {}, effs[0],
+                         gemm_latency_s=gemm["latency_s"], moe_compute_scale=effs[1])
+        predicted = np.array([moe_experts_s(terms, peaks, s.tokens * 8, s.experts, s.k, s.m)
+                              for s in samples])
+        return float(np.abs(np.log(predicted / seconds)).sum())
+
+    grid = [(float(m), float(c)) for m in np.linspace(0.3, EFF_CAP, 37)
+            for c in np.linspace(0.3, 1.0, 15)]
+    eff, scale = min(grid, key=error)
+    return {"_what": "fused-MoE kernels: eff = achieved fraction of bandwidth on expert "
+                     "weights; compute_scale = their FLOP/s over a dense GEMM's",
+            "eff": round(eff, 4), "compute_scale": round(scale, 4)}
 
 
 def fit_gpu(gpu: str, samples: list[OpSample]) -> dict:
@@ -155,7 +188,8 @@ def generic_entry(entries: dict[str, dict]) -> dict:
 
     tables = [e["gemm"] for e in entries.values()]
     tokens = sorted(set.intersection(*(set(t["tokens"]) for t in tables)))
-    gemm = {"_what": entries[next(iter(entries))]["gemm"]["_what"], "tokens": tokens}
+    gemm = {"_what": entries[next(iter(entries))]["gemm"]["_what"], "tokens": tokens,
+            "latency_s": float(np.median([t["latency_s"] for t in tables]))}
     for key in ("eff_compute", "eff_memory"):
         gemm[key] = [round(float(np.median([t[key][t["tokens"].index(n)] for t in tables])), 4)
                      for n in tokens]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sim.core import BatchPlan, Request, StepResult
 from sim.gpu_shapes import GpuPeaks, LayerShapes
-from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms
+from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms, moe_experts_s
 from sim.gpu_terms import gemm_s as _gemm_s
 from sim.gpu_terms import small_op_s as _small_op_s
 from sim.hardware import HardwareSpec
@@ -34,6 +34,9 @@ class EngineOverhead:
     per_kernel_s: float
     per_row_s: float  # input preparation and detokenisation per scheduled sequence
     source: str  # which data set set these numbers
+    # Async scheduling (vLLM V1): the host prepares step n+1 while the GPU runs step n, so
+    # a step takes the longer of the two instead of their sum.
+    overlapped: bool = False
 
     def __post_init__(self) -> None:
         for key in ("step_s", "per_kernel_s", "per_row_s"):
@@ -47,7 +50,8 @@ def load_engine(name: str, path: Path = FIT_PATH) -> EngineOverhead:
     if name not in engines:
         raise ValueError(f"unknown engine {name!r}; known: {', '.join(engines)}")
     e = engines[name]
-    return EngineOverhead(name, e["step_s"], e["per_kernel_s"], e["per_row_s"], e["source"])
+    return EngineOverhead(name, e["step_s"], e["per_kernel_s"], e["per_row_s"], e["source"],
+                          e.get("overlapped", False))
 
 
 class GpuCostModel:
@@ -118,8 +122,14 @@ class GpuCostModel:
             host += self._kernel_s
         # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
         # the slower of the two sets the layer's time.
-        return (self._layers * (layer if layer > host else host) + edge + self._step_s
-                + self.engine.per_row_s * rows)
+        return self._with_host(self._layers * (layer if layer > host else host) + edge, rows)
+
+    def _with_host(self, gpu_s: float, rows: int) -> float:
+        """The step's GPU time plus (or, overlapped, at least) the engine's host time."""
+        host_s = self._step_s + self.engine.per_row_s * rows
+        if self.engine.overlapped:
+            return gpu_s if gpu_s > host_s else host_s
+        return gpu_s + host_s
 
     def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
         """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
@@ -134,12 +144,10 @@ class GpuCostModel:
             edge = self._edge_cache[(rows, rows)] = self.edge_s(rows, rows)
         host = self._host_layer_s + self._kernel_s
         floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
-        step_s, per_row_s = self._step_s, self.engine.per_row_s
         out = []
         for ctx in range(context, context + rows * num_steps, rows):
             layer = base + (floor + per_kv * ctx)
-            out.append(layers * (layer if layer > host else host) + edge + step_s
-                       + per_row_s * rows)
+            out.append(self._with_host(layers * (layer if layer > host else host) + edge, rows))
         return out
 
     def _gemm(self, tokens: float, k: int, m: int) -> float:
@@ -199,10 +207,7 @@ class GpuCostModel:
         # to it (top-k of E, independent rows).
         slots = tokens * k
         active = experts / ep * (1.0 - (1.0 - k / experts) ** (tokens * ep))
-        per_expert = slots / active
-        # One fused kernel per projection over every active expert.
-        experts_s = active * (self._gemm(per_expert, h, 2 * inter)
-                              + self._gemm(per_expert, inter, h)) / t.moe_eff
+        experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b)
         router_s = self._gemm(tokens, h, experts)
         act_s = self._small(3 * slots * inter * b)
         # Expert parallelism: all-gather the ranks' tokens, reduce-scatter the outputs (the

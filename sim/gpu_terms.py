@@ -36,9 +36,11 @@ class GpuTerms:
     sampler_floor_s: float  # sampling kernels' fixed time per step
     sampler_per_row_s: float  # sampling time per sampled row
     allreduce: dict[int, tuple[float, float]]  # GPUs -> (latency_s, achieved bus bytes/s)
-    moe_eff: float  # fused-MoE expert GEMMs' efficiency relative to dense GEMMs of one expert
+    moe_eff: float  # fused-MoE kernels' achieved fraction of bandwidth on expert weights
     # Sections this GPU's own data did not set (taken from the generic terms).
     borrowed: tuple[str, ...] = ()
+    gemm_latency_s: float = 0.0  # fixed time of one GEMM kernel (launch, tail wave)
+    moe_compute_scale: float = 1.0  # fused-MoE FLOP/s as a fraction of a dense GEMM's
 
     def gemm_eff(self, tokens: float) -> tuple[float, float]:
         """(eff_compute, eff_memory) at `tokens` rows, linear between table points: with the
@@ -72,7 +74,20 @@ def gemm_s(terms: GpuTerms, peaks: GpuPeaks, tokens: float, k: int, m: int,
     flops = 2.0 * tokens * k * m
     moved = (k * m + tokens * (k + m)) * dtype_bytes
     eff_c, eff_m = terms.gemm_eff(tokens)
-    return max(flops / (peaks.peak_flops * eff_c), moved / (peaks.mem_bandwidth_bytes_s * eff_m))
+    return terms.gemm_latency_s + max(flops / (peaks.peak_flops * eff_c),
+                                      moved / (peaks.mem_bandwidth_bytes_s * eff_m))
+
+
+def moe_experts_s(terms: GpuTerms, peaks: GpuPeaks, slots: float, active: float, k: int,
+                  inter: int, dtype_bytes: int = 2) -> float:
+    """Fused-MoE gate/up and down over `slots` token-slots routed to `active` experts of
+    [k, 2 x inter] and [inter, k]: one kernel each, every active expert's weights read once,
+    FLOPs at the GEMM efficiency of the rows each expert receives."""
+    flops = 2.0 * slots * 3 * k * inter
+    moved = (active * 3 * k * inter + slots * (2 * k + 3 * inter)) * dtype_bytes
+    eff_c = terms.gemm_eff(slots / active)[0] * terms.moe_compute_scale
+    return 2 * terms.gemm_latency_s + max(flops / (peaks.peak_flops * eff_c),
+                                          moved / (peaks.mem_bandwidth_bytes_s * terms.moe_eff))
 
 
 def small_op_s(terms: GpuTerms, peaks: GpuPeaks, moved_bytes: float) -> float:
@@ -112,7 +127,8 @@ def terms_from_entry(name: str, entry: dict, fitted: bool) -> GpuTerms:
             attn_decode_eff_memory=dec["eff_memory"], attn_decode_floor_s=dec["floor_s"],
             sampler_floor_s=sam["floor_s"], sampler_per_row_s=sam["per_row_s"],
             allreduce={int(g): (v[0], v[1]) for g, v in entry["allreduce"]["by_gpus"].items()},
-            moe_eff=entry["moe"]["eff"],
+            moe_eff=entry["moe"]["eff"], gemm_latency_s=gemm["latency_s"],
+            moe_compute_scale=entry["moe"]["compute_scale"],
         )
     except KeyError as exc:
         raise ValueError(f"GPU cost fit for {name}: missing field {exc.args[0]!r}") from None
@@ -123,10 +139,11 @@ def terms_from_entry(name: str, entry: dict, fitted: bool) -> GpuTerms:
 def _check_terms(terms: GpuTerms) -> None:
     """Efficiencies in (0, 1.2] (a datasheet can understate), times >= 0, table sorted."""
     effs = (*terms.gemm_eff_compute, *terms.gemm_eff_memory, terms.small_op_eff_memory,
-            terms.attn_prefill_eff_compute, terms.attn_decode_eff_memory, terms.moe_eff)
+            terms.attn_prefill_eff_compute, terms.attn_decode_eff_memory, terms.moe_eff,
+            terms.moe_compute_scale)
     if not all(0.0 < e <= 1.2 for e in effs):
         raise ValueError(f"GPU cost fit for {terms.name}: an efficiency outside (0, 1.2]")
-    times = (terms.small_op_floor_s, terms.attn_prefill_floor_s, terms.attn_decode_floor_s,
+    times = (terms.gemm_latency_s, terms.small_op_floor_s, terms.attn_prefill_floor_s, terms.attn_decode_floor_s,
              terms.sampler_floor_s, terms.sampler_per_row_s,
              *(v for pair in terms.allreduce.values() for v in pair))
     if not all(t >= 0.0 for t in times):
