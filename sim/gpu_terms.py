@@ -143,7 +143,8 @@ def _check_terms(terms: GpuTerms) -> None:
             terms.moe_compute_scale)
     if not all(0.0 < e <= 1.2 for e in effs):
         raise ValueError(f"GPU cost fit for {terms.name}: an efficiency outside (0, 1.2]")
-    times = (terms.gemm_latency_s, terms.small_op_floor_s, terms.attn_prefill_floor_s, terms.attn_decode_floor_s,
+    times = (terms.gemm_latency_s, terms.small_op_floor_s, terms.attn_prefill_floor_s,
+             terms.attn_decode_floor_s,
              terms.sampler_floor_s, terms.sampler_per_row_s,
              *(v for pair in terms.allreduce.values() for v in pair))
     if not all(t >= 0.0 for t in times):
