@@ -16,6 +16,7 @@ from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
     add_scheduler_args,
+    cost_model_name,
     deployment_backend,
     format_classes,
     format_summaries,
@@ -81,6 +82,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
             "deployment": where,
+            "cost_model": cost_model_name(args),
             "scheduler": {p: {**asdict(c), "token_budget": c.budget} for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
             "cluster": None if cluster is None else asdict(cluster),

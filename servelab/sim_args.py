@@ -181,6 +181,13 @@ def use_server_limits(args: argparse.Namespace, server: dict) -> None:
             setattr(args, key, server[key])
 
 
+def cost_model_name(args: argparse.Namespace) -> str:
+    """Which cost model prices the run: calibrated, gpu-fitted or roofline."""
+    if args.cost_model is not None:
+        return "calibrated"
+    return "gpu-fitted" if getattr(args, "cost", "gpu") == "gpu" else "roofline"
+
+
 def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
     """The cost model, its default KV blocks and max length, and a one-line description."""
     if args.cost_model is not None:

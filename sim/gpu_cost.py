@@ -86,10 +86,12 @@ class GpuCostModel:
                                                         * t.attn_decode_eff_memory)
         self._prefill_floor_s = t.attn_prefill_floor_s
         self._decode_floor_s = t.attn_decode_floor_s
-        self._step_s = engine.step_s
+        self._overlapped = engine.overlapped
         self._host_layer_s = self._kernel_s * self._kernels_per_layer()
-        self._layer_cache: dict[int, float] = {}
-        self._edge_cache: dict[tuple[int, int], float] = {}
+        # Parts that depend only on the step's tokens (layer, embedding) or rows (sampling,
+        # host time), computed once per count.
+        self._token_cache: dict[int, tuple[float, float]] = {}
+        self._row_cache: dict[int, tuple[float, float]] = {}
 
     @property
     def reads_rows(self) -> bool:
@@ -106,14 +108,14 @@ class GpuCostModel:
         tokens = plan.prefill_tokens + decode_seqs
         if not tokens:
             return 0.0
-        layer = self._layer_cache.get(tokens)
-        if layer is None:
-            layer = self._layer_cache[tokens] = self.layer_s(tokens)
+        per_tokens = self._token_cache.get(tokens)
+        if per_tokens is None:
+            per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
         rows = plan.prefill_seqs + decode_seqs
-        edge = self._edge_cache.get((tokens, rows))
-        if edge is None:
-            edge = self._edge_cache[(tokens, rows)] = self.edge_s(tokens, rows)
-        host = self._host_layer_s
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        layer, host = per_tokens[0], self._host_layer_s
         if plan.prefill_tokens:
             layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
             host += self._kernel_s
@@ -122,33 +124,44 @@ class GpuCostModel:
             host += self._kernel_s
         # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
         # the slower of the two sets the layer's time.
-        return self._with_host(self._layers * (layer if layer > host else host) + edge, rows)
-
-    def _with_host(self, gpu_s: float, rows: int) -> float:
-        """The step's GPU time plus (or, overlapped, at least) the engine's host time."""
-        host_s = self._step_s + self.engine.per_row_s * rows
-        if self.engine.overlapped:
-            return gpu_s if gpu_s > host_s else host_s
-        return gpu_s + host_s
+        gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
+        if self._overlapped:  # the host's step work runs beside the GPU's
+            return gpu_s if gpu_s > per_rows[1] else per_rows[1]
+        return gpu_s + per_rows[1]
 
     def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
         """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
         tokens at the first and `rows` more at each next (same terms, same order)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
-        base = self._layer_cache.get(rows)
-        if base is None:
-            base = self._layer_cache[rows] = self.layer_s(rows)
-        edge = self._edge_cache.get((rows, rows))
-        if edge is None:
-            edge = self._edge_cache[(rows, rows)] = self.edge_s(rows, rows)
+        per_tokens = self._token_cache.get(rows)
+        if per_tokens is None:
+            per_tokens = self._token_cache[rows] = (self.layer_s(rows), self.embed_s(rows))
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
         host = self._host_layer_s + self._kernel_s
         floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
+        overlapped = self._overlapped
+        contexts = range(context, context + rows * num_steps, rows)
+        if not self._kernel_s and overlapped:  # CUDA graphs, async host: the common case
+            return [g if g > host_s else host_s
+                    for g in (layers * (base + (floor + per_kv * ctx)) + embed + sample
+                              for ctx in contexts)]
         out = []
-        for ctx in range(context, context + rows * num_steps, rows):
+        for ctx in contexts:
             layer = base + (floor + per_kv * ctx)
-            out.append(self._with_host(layers * (layer if layer > host else host) + edge, rows))
+            gpu_s = layers * (layer if layer > host else host) + embed + sample
+            if overlapped:
+                out.append(gpu_s if gpu_s > host_s else host_s)
+            else:
+                out.append(gpu_s + host_s)
         return out
+
+    def host_s(self, rows: int) -> float:
+        """The engine's host time of a step of `rows` sequences."""
+        return self.engine.step_s + self.engine.per_row_s * rows
 
     def _gemm(self, tokens: float, k: int, m: int) -> float:
         return _gemm_s(self.terms, self.peaks, tokens, k, m, self.dtype_bytes)
@@ -179,17 +192,20 @@ class GpuCostModel:
         # Row-parallel O-proj and down-proj each all-reduce [tokens, hidden].
         return layer + 2 * t.allreduce_s(tokens * h * b, tp)
 
-    def edge_s(self, tokens: int, rows: int) -> float:
-        """Embedding and final norm over `tokens`, then LM head, gather and sampler of `rows`."""
+    def embed_s(self, tokens: int) -> float:
+        """Embedding gather and final norm over `tokens`."""
+        h, b = self.shapes.hidden_size, self.dtype_bytes
+        return self._small(2 * tokens * h * b) + self._small(4 * tokens * h * b)
+
+    def sample_s(self, rows: int) -> float:
+        """LM head over the rows that sample, the logits gather, and the sampler."""
         s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
-        h = s.hidden_size
-        edge = self._small(2 * tokens * h * b) + self._small(4 * tokens * h * b)
         if not rows:
-            return edge
-        edge += self._gemm(rows, h, s.vocab_size // tp)
+            return 0.0
+        head = self._gemm(rows, s.hidden_size, s.vocab_size // tp)
         if tp > 1:  # the vocab-parallel logits gathered: about half an all-reduce's bytes
-            edge += t.allreduce_s(rows * s.vocab_size // tp * b, tp) / 2
-        return edge + t.sampler_floor_s + t.sampler_per_row_s * rows + 6 * self._kernel_s
+            head += t.allreduce_s(rows * s.vocab_size // tp * b, tp) / 2
+        return head + t.sampler_floor_s + t.sampler_per_row_s * rows + 6 * self._kernel_s
 
     def mlp_s(self, tokens: int) -> float:
         """One layer's MLP: dense SwiGLU/GELU, or routed experts by tokens per expert."""

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
+from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
+from sim.gpu_cost import gpu_cost_backend
 from sim.hardware import gpu_hour_usd
 from sim.metrics import summarize
 from sim.policy_runs import run_deployment
@@ -72,13 +74,21 @@ class PlanContext:
     max_model_len: int | None = None  # None: the model's, at most 8192
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
+    cost: str = "gpu"  # gpu: the fitted GPU model prices steps; roofline: the analytic one
 
     def backend(self, family: Family) -> AnalyticCostModel:
+        """The analytic model of a family: weights, KV sizes and the KV pool it gets."""
         return AnalyticCostModel.preset(self.model, family.hardware, self.dtype,
                                         tensor_parallel=family.tp)
 
-    def deployment(self, point: PlanPoint) -> tuple[AnalyticCostModel, SchedulerConfig,
-                                                     ClusterConfig]:
+    def pricing(self, family: Family) -> Backend:
+        """The cost model that prices a family's steps (`cost`)."""
+        sizing = self.backend(family)
+        if self.cost == "roofline":
+            return sizing
+        return gpu_cost_backend(sizing.model, sizing.hardware, family.tp)
+
+    def deployment(self, point: PlanPoint) -> tuple[Backend, SchedulerConfig, ClusterConfig]:
         """The cost model, each engine's scheduler config and the cluster of a point."""
         family, backend = point.family, self.backend(point.family)
         spec = backend.model
@@ -94,7 +104,7 @@ class PlanContext:
             router=RouterConfig(family.router), num_prefill=prefill * point.scale,
             num_decode=decode * point.scale, kv_link_gbps=self.kv_link_gbps,
             kv_bytes_per_token=spec.kv_bytes_per_token(backend.dtype_bytes))
-        return backend, config, cluster
+        return self.pricing(family), config, cluster
 
 
 def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
@@ -180,8 +190,8 @@ def simulate_args(row: dict, context: PlanContext) -> list[str]:
     size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"])]
     budget = ["--token-budget", str(row["token_budget"])] if row["token_budget"] else []
     caching = [] if context.enable_prefix_caching else ["--no-enable-prefix-caching"]
-    # plan prices deployments with the analytic roofline; the replay must price the same.
-    return ["--cost", "roofline", "--model", context.model, "--dtype", context.dtype,
+    # The replay prices with the cost model the plan priced with.
+    return ["--cost", context.cost, "--model", context.model, "--dtype", context.dtype,
             "--hardware",
             row["hardware"], "--tp", str(row["tp"]), *size, "--router", row["router"],
             "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
