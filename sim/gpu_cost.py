@@ -11,7 +11,7 @@ its own term. Per-token-count parts are cached, so `predict` is a few lookups a 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.core import BatchPlan, Request, StepResult
@@ -37,11 +37,16 @@ class EngineOverhead:
     # Async scheduling (vLLM V1): the host prepares step n+1 while the GPU runs step n, so
     # a step takes the longer of the two instead of their sum.
     overlapped: bool = False
+    # The engine's kernels' FLOP/s as a fraction of the profiled kernels' (an older software
+    # stack: other GEMM and attention libraries); 1 for the stack the profiles measured.
+    compute_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for key in ("step_s", "per_kernel_s", "per_row_s"):
             if not getattr(self, key) >= 0.0:
                 raise ValueError(f"engine {self.name}: {key} must be >= 0")
+        if not 0.0 < self.compute_scale <= 1.0:
+            raise ValueError(f"engine {self.name}: compute_scale must be in (0, 1]")
 
 
 def load_engine(name: str, path: Path = FIT_PATH) -> EngineOverhead:
@@ -51,7 +56,7 @@ def load_engine(name: str, path: Path = FIT_PATH) -> EngineOverhead:
         raise ValueError(f"unknown engine {name!r}; known: {', '.join(engines)}")
     e = engines[name]
     return EngineOverhead(name, e["step_s"], e["per_kernel_s"], e["per_row_s"], e["source"],
-                          e.get("overlapped", False))
+                          e.get("overlapped", False), e.get("compute_scale", 1.0))
 
 
 class GpuCostModel:
@@ -70,7 +75,13 @@ class GpuCostModel:
                              f"model ({shapes.name} is dense)")
         self.shapes, self.peaks, self.engine = shapes, peaks, engine
         self.tensor_parallel, self.expert_parallel = tensor_parallel, expert_parallel
-        self.terms = terms if terms is not None else load_terms(peaks.name, peaks)
+        terms = terms if terms is not None else load_terms(peaks.name, peaks)
+        if engine.compute_scale != 1.0:
+            scale = engine.compute_scale
+            terms = replace(terms,
+                            gemm_eff_compute=tuple(e * scale for e in terms.gemm_eff_compute),
+                            attn_prefill_eff_compute=terms.attn_prefill_eff_compute * scale)
+        self.terms = terms
         self.dtype_bytes = dtype_bytes
         s, tp, t = shapes, tensor_parallel, self.terms
         self._q_dim = s.num_heads // tp * s.head_dim
@@ -171,10 +182,12 @@ class GpuCostModel:
 
     def _kernels_per_layer(self) -> int:
         """Kernels one layer launches besides attention (what an eager host dispatches)."""
-        s = self.shapes
-        count = 2 + 2 + 1 + (1 if s.qk_norm else 0)  # QKV, O, two norms, RoPE, q/k norms
+        s, tp = self.shapes, self.tensor_parallel
+        count = 2 + 2 + (1 if s.rope else 0) + (1 if s.qk_norm else 0)  # QKV, O, norms
         count += 5 if s.is_moe else 3  # router, top-k, 2 expert GEMMs, act | up, act, down
-        count += 2 if self.tensor_parallel > 1 else 0  # the two all-reduces
+        count += 2 if tp > 1 else 0  # the two all-reduces
+        if not s.fused_add_norm:  # separate residual adds, and biases added after the
+            count += 2 + (2 if tp > 1 else 0)  # row-parallel all-reduces
         return count + (1 if self.expert_parallel > 1 else 0)
 
     def layer_s(self, tokens: int) -> float:
@@ -184,9 +197,12 @@ class GpuCostModel:
         kv_dim = self._kv_bytes_layer // (2 * b)
         layer = self._gemm(tokens, h, q_dim + 2 * kv_dim) + self._gemm(tokens, q_dim, h)
         layer += self.mlp_s(tokens)
-        # Two fused add+RMSNorms, RoPE on q and k, (Qwen3) q/k norms: bytes in + out.
+        # Two fused add+RMSNorms (or norms and adds), RoPE on q and k, (Qwen3) q/k norms.
         layer += 2 * self._small(4 * tokens * h * b)
-        layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        if not s.fused_add_norm:
+            layer += 2 * self._small(3 * tokens * h * b)
+        if s.rope:
+            layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
         if s.qk_norm:
             layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
         # Row-parallel O-proj and down-proj each all-reduce [tokens, hidden].

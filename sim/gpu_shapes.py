@@ -26,6 +26,10 @@ class LayerShapes:
     vocab_size: int
     gated_mlp: bool = True  # SwiGLU: gate and up projections (Llama, Qwen); False: GELU MLP
     qk_norm: bool = False  # Qwen3 normalises q and k per head
+    rope: bool = True  # rotary position embedding (BLOOM: ALiBi, no kernel of its own)
+    # Llama-family engines fuse the residual add into RMSNorm; BLOOM-style LayerNorm blocks
+    # add the residual, and row-parallel biases, in kernels of their own.
+    fused_add_norm: bool = True
     num_experts: int = 0  # routed experts per MoE layer; 0: a dense model
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
@@ -86,7 +90,8 @@ KNOWN_SHAPES: dict[str, LayerShapes] = {s.name: s for s in (
     LayerShapes("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256),
     LayerShapes("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256),
     # bigscience/bloom: 4h GELU MLP, ALiBi (no RoPE), 250,880-token vocabulary.
-    LayerShapes("bloom-176b", 70, 14336, 112, 112, 128, 57344, 250880, gated_mlp=False),
+    LayerShapes("bloom-176b", 70, 14336, 112, 112, 128, 57344, 250880, gated_mlp=False,
+                rope=False, fused_add_norm=False),
     LayerShapes("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, qk_norm=True),
     LayerShapes("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 0, 151936, qk_norm=True,
                 num_experts=128, experts_per_token=8, moe_intermediate_size=768),
