@@ -10,6 +10,7 @@ from pathlib import Path
 from calibration.gpu_profiles import DATA_DIR, LSS_GPUS, LSS_MODELS
 from sim.cluster import ClusterConfig, run_cluster
 from sim.core import Request
+from sim.dp_lockstep import run_lockstep
 from sim.engine import Engine
 from sim.gpu_cost import GpuCostModel, load_engine
 from sim.gpu_shapes import known_gpu, known_shapes
@@ -111,5 +112,7 @@ def replay(run: VllmRun, engine_name: str = "vllm") -> dict:
     if dp == 1:
         return summarize(run_trace(requests, Engine(Scheduler(config), model)))
     engines = [Engine(Scheduler(config), model) for _ in range(dp)]
+    if ep > 1:  # ranks joined by their experts step together
+        return summarize(run_lockstep(requests, engines, model))
     cluster = ClusterConfig(num_replicas=dp, router=RouterConfig("least-requests"))
     return summarize(run_cluster(requests, engines, cluster).run_result())

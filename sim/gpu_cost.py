@@ -223,8 +223,10 @@ class GpuCostModel:
             head += t.allreduce_s(rows * s.vocab_size // tp * b, tp) / 2
         return head + t.sampler_floor_s + t.sampler_per_row_s * rows + 6 * self._kernel_s
 
-    def mlp_s(self, tokens: int) -> float:
-        """One layer's MLP: dense SwiGLU/GELU, or routed experts by tokens per expert."""
+    def mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
+        """One layer's MLP: dense SwiGLU/GELU, or routed experts by tokens per expert; under
+        expert parallelism the experts see `group_tokens` from every rank (default: every
+        rank has as many as this one)."""
         s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
         h = s.hidden_size
         if not s.is_moe:
@@ -234,17 +236,17 @@ class GpuCostModel:
                     + self._small((gates + 1) * tokens * inter * b))
         ep, k, experts = self.expert_parallel, s.experts_per_token, s.num_experts
         inter = s.moe_intermediate_size // tp
-        # Balanced expert parallelism: this rank's experts get as many token-slots from the
-        # other ranks as it sends away; an expert is active if any of the ep x tokens routes
-        # to it (top-k of E, independent rows).
-        slots = tokens * k
-        active = experts / ep * (1.0 - (1.0 - k / experts) ** (tokens * ep))
+        # Every rank's tokens reach this rank's E / ep experts (all-gathered); an expert is
+        # active if any of them routes to it (top-k of E, independent rows).
+        group = tokens * ep if group_tokens is None else group_tokens
+        slots = group * k / ep
+        active = experts / ep * (1.0 - (1.0 - k / experts) ** group)
         experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b)
         router_s = self._gemm(tokens, h, experts)
         act_s = self._small(3 * slots * inter * b)
         # Expert parallelism: all-gather the ranks' tokens, reduce-scatter the outputs (the
         # bytes of one all-reduce of every rank's [tokens, hidden]).
-        exchange_s = t.allreduce_s(ep * tokens * h * b, ep) if ep > 1 else 0.0
+        exchange_s = t.allreduce_s(group * h * b, ep) if ep > 1 else 0.0
         return experts_s + router_s + act_s + exchange_s
 
     def execute(self, plan: BatchPlan) -> StepResult:
