@@ -36,15 +36,14 @@ def step_chart(errors: list, path: Path) -> None:
 
 def run_chart(rows: list[dict], path: Path) -> None:
     """Signed error per run and metric, ours beside LLMServingSim's."""
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    labels = [f"{r['run'].split('/')[0]}\\n{r['run'].split('/')[1][:14]}\\n{r['metric'][:-3]}"
-              for r in rows]
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    labels = [f"{r['run'].replace('/', ' ')[:26]} {r['metric'][:-3]}" for r in rows]
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r["our_error"] * 100 for r in rows], 0.4, label="servelab")
     ax.bar([i + 0.2 for i in x], [r["peer_error"] * 100 for r in rows], 0.4,
            label="LLMServingSim")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xticks(list(x), labels, fontsize=5, rotation=90)
+    ax.set_xticks(list(x), labels, fontsize=6, rotation=90)
     ax.set_ylabel("error vs vLLM (%)")
     ax.legend()
     fig.tight_layout()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
-from sim.core import Backend
-from sim.cost_model import DTYPE_BYTES, AnalyticCostModel
-from sim.model_specs import model_spec
+from sim.deployment import Deployment
 from sim.router import ROUTERS, RouterConfig
+
+# How vLLM's front end spreads requests over data-parallel engines: to the least loaded.
+DATA_PARALLEL_ROUTER = "least-requests"
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -17,8 +18,9 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--replicas", type=int, default=1,
                        help="engines behind the router, each with its own scheduler and KV "
                             "pool (default 1)")
-    group.add_argument("--router", default="round-robin", choices=ROUTERS,
-                       help="how the router picks a replica (default round-robin)")
+    group.add_argument("--router", default=None, choices=ROUTERS,
+                       help="how the router picks a replica (default round-robin; "
+                            f"{DATA_PARALLEL_ROUTER} over data-parallel engines)")
     group.add_argument("--pd", default=None, metavar="P:D",
                        help="prefill/decode disaggregation: P prefill and D decode engines "
                             "instead of --replicas")
@@ -38,24 +40,23 @@ def parse_pd(text: str) -> tuple[int, int]:
     return prefill, decode
 
 
-def cluster_from_args(args: argparse.Namespace, backend: Backend) -> ClusterConfig | None:
-    """The ClusterConfig the flags describe; None for one engine (the single-engine path)."""
-    if args.pd is None and args.replicas == 1:
+def cluster_from_args(args: argparse.Namespace,
+                      deployment: Deployment) -> ClusterConfig | None:
+    """The ClusterConfig the flags describe; None for one engine (the single-engine path).
+    Data-parallel ranks are engines of their own: --replicas x --data-parallel-size."""
+    dp = deployment.parallel.data_parallel
+    if args.pd is None and args.replicas * dp == 1:
         return None
     if args.pd is not None and args.replicas != 1:
         raise ValueError("give either --replicas or --pd, not both")
+    if args.pd is not None and dp != 1:
+        raise ValueError("give either --pd or --data-parallel-size, not both")
     prefill, decode = parse_pd(args.pd) if args.pd is not None else (0, 0)
-    return ClusterConfig(num_replicas=args.replicas, router=RouterConfig(args.router),
+    router = args.router or (DATA_PARALLEL_ROUTER if dp > 1 else "round-robin")
+    return ClusterConfig(num_replicas=args.replicas * dp, router=RouterConfig(router),
                          num_prefill=prefill, num_decode=decode,
                          kv_link_gbps=args.kv_link_gbps,
-                         kv_bytes_per_token=kv_bytes_per_token(args, backend))
-
-
-def kv_bytes_per_token(args: argparse.Namespace, backend: Backend) -> int:
-    """K and V bytes of one token: the analytic model's own, else the --model preset's."""
-    if isinstance(backend, AnalyticCostModel):
-        return backend.model.kv_bytes_per_token(backend.dtype_bytes)
-    return model_spec(args.model).kv_bytes_per_token(DTYPE_BYTES.get(args.dtype, 2))
+                         kv_bytes_per_token=deployment.kv_bytes_per_token)
 
 
 def describe_cluster(cluster: ClusterConfig | None) -> str:

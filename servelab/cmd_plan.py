@@ -11,8 +11,10 @@ from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.cluster import DEFAULT_KV_LINK_GBPS
+from sim.deployment import DTYPE_NAMES
 from sim.gpu_cost import coverage as gpu_coverage
 from sim.hardware import HARDWARE_SPECS
+from sim.model_config import resolve_model
 from sim.router import ROUTERS
 from sweeps.grid import CapacitySlo, find_capacity
 from sweeps.plan import (
@@ -41,19 +43,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
     slo.add_argument("--slo-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
     space = plan.add_argument_group("search space (comma-separated lists)")
-    space.add_argument("--model", default="llama-3-8b", help="model shape preset")
-    space.add_argument("--dtype", default="bf16")
+    space.add_argument("--model", default="llama-3-8b",
+                       help="a preset, a shipped Hugging Face id, or a config.json path")
+    space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     space.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
                        help="gpu: the operator model fitted on published GPU profiles "
                             "(default); roofline: the analytic roofline")
-    space.add_argument("--hardware", default=",".join(HARDWARE_SPECS), help="GPU presets")
-    space.add_argument("--tp", default="1,2,4,8", help="tensor-parallel degrees")
+    space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
+                       help="GPU presets or files (default: every shipped GPU)")
+    space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
+                       help="tensor-parallel degrees")
+    space.add_argument("--data-parallel-size", "--dp", dest="dp", default=None,
+                       help="data-parallel degrees, experts sharded over them (vLLM's "
+                            "--enable-expert-parallel); default 1,2,4 for an MoE model, "
+                            "else 1")
     space.add_argument("--routers", default="least-requests", help=", ".join(ROUTERS))
     space.add_argument("--pd-ratios", default="1:1,1:3",
                        help="prefill:decode ratios tried besides co-located ('' for none)")
     space.add_argument("--policies", default="chunked")
     space.add_argument("--max-num-seqs", default="256")
-    space.add_argument("--token-budgets", default="2048", help="per-step token budgets")
+    space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
+                       default="2048", help="per-step token budgets")
     space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
     space.add_argument("--gpu-prices", default="",
                        help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
@@ -96,11 +106,16 @@ def _families(args: argparse.Namespace) -> list[Family]:
         if router not in ROUTERS:
             raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
     shapes = [None, *(parse_pd(r) for r in _list(args.pd_ratios))]
-    return [Family(hw, tp, router, pd, policy, seqs, budget)
-            for hw in _list(args.hardware) for tp in _list(args.tp, int)
+    moe = resolve_model(args.model).is_moe
+    dps = _list(args.dp or ("1,2,4" if moe else "1"), int)
+    if any(dp > 1 for dp in dps) and not moe:
+        raise ValueError(f"--data-parallel-size: {args.model} has no experts to shard; "
+                         "replicas already search data parallelism")
+    return [Family(hw, tp, router, pd, policy, seqs, budget, dp)
+            for hw in _list(args.hardware) for tp in _list(args.tp, int) for dp in dps
             for router in _list(args.routers) for pd in shapes
             for policy in _list(args.policies) for seqs in _list(args.max_num_seqs, int)
-            for budget in _list(args.token_budgets, int)]
+            for budget in _list(args.token_budgets, int) if pd is None or dp == 1]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -111,11 +126,11 @@ def _run(args: argparse.Namespace) -> int:
                           args.block_size, args.max_model_len, args.kv_link_gbps,
                           args.enable_prefix_caching, args.cost)
     families, skipped = fitting_families(context, _families(args))
-    _print_pricing(context, families)
     for line in skipped:
         print(f"skipped {line}")
     if not families:
         raise ValueError("no deployment in the search space fits its GPUs")
+    _print_pricing(context, families)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
@@ -143,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
 def _family(row: dict) -> Family:
     pd_ratio = None if not row["pd"] else tuple(v // row["scale"] for v in parse_pd(row["pd"]))
     return Family(row["hardware"], row["tp"], row["router"], pd_ratio, row["policy"],
-                  row["max_num_seqs"], row["token_budget"])
+                  row["max_num_seqs"], row["token_budget"], row.get("dp", 1))
 
 
 def _cost_name(cost: str) -> str:

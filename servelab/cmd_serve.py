@@ -12,15 +12,20 @@ from typing import NamedTuple
 
 from executor.loading import DEFAULT_KV_CACHE_GIB
 from serve.tokenizer import Tokenizer
-from servelab.cluster_args import kv_bytes_per_token
 from servelab.model_args import add_model_args, load_model_from_args
-from servelab.sim_args import add_scheduler_args, deployment_backend, scheduler_config
+from servelab.sim_args import (
+    add_parallel_args,
+    add_scheduler_args,
+    deployment_options,
+    deployment_scheduler_config,
+    scheduler_config,
+)
 from sim.core import Backend
+from sim.deployment import DeploymentOptions, build_deployment
 from sim.scheduler import Scheduler
 
 DEFAULT_POLICY = "continuous"
-DEFAULT_SIMULATED_MODEL = "llama-3-8b"  # sim_args.add_cost_model_args's default deployment
-DEFAULT_SIMULATED_DTYPE = "bf16"
+DEFAULT_SIMULATED_MODEL = DeploymentOptions.model  # `servelab simulate`'s default deployment
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,17 +69,14 @@ def _add_simulate_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--simulate", action="store_true",
                        help="no weights: price each step with the simulator's cost model and "
                             "take that long in wall-clock time. --model is then a simulator "
-                            f"preset (default {DEFAULT_SIMULATED_MODEL}), --dtype bf16 or fp16 "
-                            "(auto: bf16); the KV pool and max length are the deployment's "
-                            "unless --num-blocks / --max-model-len. Every token is the "
-                            "tokenizer's 'x'")
+                            f"model (default {DEFAULT_SIMULATED_MODEL}: a preset, a shipped "
+                            "Hugging Face id or a config.json), --dtype bf16 or fp16 (and "
+                            "vLLM's spellings; auto: bf16); the KV pool and max length are the "
+                            "deployment's unless --num-blocks / --max-model-len. Every token "
+                            "is the tokenizer's 'x'")
     group.add_argument("--hardware", default=None,
-                       help="GPU preset: a100-80gb, h100 (default), h200")
-    group.add_argument("--tp", type=int, default=None,
-                       help="tensor-parallel GPUs per engine (analytic model; default 1)")
-    group.add_argument("--cost-model", type=Path, default=None, metavar="FILE",
-                       help="a calibration JSON from `servelab calibrate` instead of the "
-                            "analytic model")
+                       help="a GPU preset (`servelab hardware`; default h100) or a GPU file")
+    add_parallel_args(group, serve=True)
 
 
 class _Parts(NamedTuple):
@@ -121,8 +123,10 @@ def _executor_parts(args: argparse.Namespace) -> _Parts:
     from executor.threads import configure_cpu_threads
     from serve.server import call_on_thread
 
-    simulator_only = [f for f, v in (("--hardware", args.hardware), ("--tp", args.tp),
-                                     ("--cost-model", args.cost_model)) if v is not None]
+    simulator_only = [f for f, v in (
+        ("--hardware", args.hardware), ("--tp", args.tp), ("--cost-model", args.cost_model),
+        ("--data-parallel-size", args.data_parallel_size != 1 or None),
+        ("--enable-expert-parallel", args.enable_expert_parallel or None)) if v is not None]
     if simulator_only:
         raise ValueError(f"{', '.join(simulator_only)}: only with --simulate (they "
                          "describe a simulated deployment)")
@@ -130,9 +134,8 @@ def _executor_parts(args: argparse.Namespace) -> _Parts:
     # torch loads now and pins this thread to one core. The build thread inherits that pin,
     # so it gets the thread count resolved here (counted there it would be 1).
     threads = configure_cpu_threads(args.threads)
-    build_args = argparse.Namespace(**{**vars(args), "threads": threads,
-                                       "policy": args.policy or DEFAULT_POLICY})
-    loaded, scheduler, backend = call_on_thread(lambda: _build(build_args))
+    policy = args.policy or DEFAULT_POLICY
+    loaded, scheduler, backend = call_on_thread(lambda: _build(args, threads, policy))
     model = args.model or args.default_model
     name = Path(model).name if Path(model).is_dir() else model
     return _Parts(scheduler, backend, loaded.vocab_size, name,
@@ -149,33 +152,29 @@ def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
     if executor_only:
         raise ValueError(f"{', '.join(executor_only)}: not with --simulate (they configure "
                          "the executor; size the KV pool with --num-blocks)")
-    # The flags as deployment_backend reads them; a calibration from a server's URL may set
-    # its limits and policy on this namespace where the flags were left at their defaults.
-    sim = argparse.Namespace(**{
-        **vars(args), "model": args.model or DEFAULT_SIMULATED_MODEL,
-        "dtype": DEFAULT_SIMULATED_DTYPE if args.dtype == "auto" else args.dtype,
-        "hardware": args.hardware or "h100", "tp": args.tp or 1})
-    cost, num_blocks, max_model_len, where = deployment_backend(sim)
-
-    def blocks_in_gib(gib: float) -> int:  # --swap-space-gib in KV blocks of the deployment
-        return int(gib * 2**30) // (kv_bytes_per_token(sim, cost) * sim.block_size)
-
-    config = scheduler_config(sim, sim.policy or DEFAULT_POLICY, num_blocks, max_model_len,
-                              blocks_in_gib)
+    if args.data_parallel_size != 1:
+        raise ValueError("--data-parallel-size: serve runs one engine; put `servelab route` "
+                         "in front of several servers for data parallelism")
+    deployment = build_deployment(deployment_options(
+        args, args.num_blocks, model=DEFAULT_SIMULATED_MODEL, hardware="h100",
+        tensor_parallel=1))
+    config = deployment_scheduler_config(args, args.policy, deployment)
+    cost, where = deployment.cost_model, deployment.description
     backend = SimulatedBackend(cost, filler_token_id(tokenizer))
     # The served id: --model, else what a calibration was measured on, else the preset.
-    name = args.model or getattr(cost, "meta", {}).get("model") or sim.model
+    name = args.model or getattr(cost, "meta", {}).get("model") or DEFAULT_SIMULATED_MODEL
     return _Parts(Scheduler(config), backend, tokenizer.vocab_size, name,
                   f"{name}, simulated {where}", None)
 
 
-def _build(args: argparse.Namespace) -> tuple:
-    """The model, the scheduler and the backend (run off the main thread: call_on_thread)."""
+def _build(args: argparse.Namespace, threads: int, policy: str) -> tuple:
+    """The model, the scheduler and the backend (run off the main thread: call_on_thread);
+    `threads` as resolved on the main thread."""
     from executor.backend import ModelBackend
 
-    loaded = load_model_from_args(args)
+    loaded = load_model_from_args(args, threads)
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
-    config = scheduler_config(args, args.policy, num_blocks,
+    config = scheduler_config(args, policy, num_blocks,
                               loaded.max_model_len(args.max_model_len),
                               lambda gib: loaded.kv_blocks(args.block_size, gib))
     scheduler = Scheduler(config)

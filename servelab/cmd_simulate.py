@@ -6,26 +6,21 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from servelab.cluster_args import (
-    add_cluster_args,
-    cluster_from_args,
-    describe_cluster,
-    kv_bytes_per_token,
-)
+from servelab.cluster_args import add_cluster_args, cluster_from_args, describe_cluster
 from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
     add_scheduler_args,
-    cost_model_name,
-    deployment_backend,
+    deployment_options,
+    deployment_scheduler_config,
     format_classes,
     format_summaries,
     parse_policies,
-    scheduler_config,
     slo_from_args,
     write_json_atomic,
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.deployment import build_deployment
 from sim.policy_runs import PolicyOutcome, simulate_policies
 
 
@@ -56,24 +51,24 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
-    backend, num_blocks, max_model_len, where = deployment_backend(args)
+    deployment = build_deployment(deployment_options(args, args.num_blocks))
+    backend, where = deployment.cost_model, deployment.description
     if policies is None:  # simulate: its --policy, or the calibrated server's
-        policies = parse_policies(args.policy or "continuous")
-    block_bytes = kv_bytes_per_token(args, backend) * args.block_size
-    configs = {p: scheduler_config(args, p, num_blocks, max_model_len,
-                                   lambda gib: int(gib * 2**30) // block_bytes)
-               for p in policies}
+        server_policy = dict(deployment.server_limits).get("policy")
+        policies = parse_policies(args.policy or server_policy or "continuous")
+    configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    cluster = cluster_from_args(args, backend)
+    cluster = cluster_from_args(args, deployment)
     trace = load_trace_from_args(args)
     slo = slo_from_args(args)
     outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
                                   getattr(args, "workers", None), cluster)
     results = {p: outcomes[p].summary for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
-          f"{configs[policies[0]].num_blocks} KV blocks of {args.block_size}; "
+          f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}")
+    print(deployment.kv_pool.describe())
     print(format_summaries(results))
     classes = format_classes(results)
     if classes:
@@ -82,7 +77,6 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
             "deployment": where,
-            "cost_model": cost_model_name(args),
             "scheduler": {p: {**asdict(c), "token_budget": c.budget} for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
             "cluster": None if cluster is None else asdict(cluster),
@@ -97,8 +91,8 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.out is not None:
         _write_out(args.out, trace.name, outcomes)
         write_json_atomic(args.out / "summary.json", payload)
-    if args.json is not None:
-        write_json_atomic(args.json, payload)
+    if args.json is not None:  # the deployment whole; summary.json keeps its keys
+        write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
 
 

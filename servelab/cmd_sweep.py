@@ -17,12 +17,13 @@ from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
     add_prefix_caching_arg,
-    deployment_backend,
+    deployment_options,
     parse_policies,
     slo_from_args,
     write_json_atomic,
 )
 from servelab.trace_args import add_trace_args, load_trace_from_args
+from sim.deployment import build_deployment
 from sweeps.grid import (
     DEFAULT_QPS_SCALES,
     Capacity,
@@ -49,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                 f"(default {QPS_SCALES_TEXT})")
     grid_args.add_argument("--num-blocks", default=None,
                            help="KV pool sizes in blocks (default: the deployment's)")
-    grid_args.add_argument("--token-budgets", default=None,
+    grid_args.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
+                           default=None,
                            help="per-step token budgets of `chunked` (default 2048)")
     grid_args.add_argument("--max-num-seqs", default="256", help="most running requests")
     limits = sweep.add_argument_group("fixed limits")
@@ -102,10 +104,12 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--capacity-range: expected LOW,HIGH with 0 < low < high, "
                          f"got {args.capacity_range!r}")
     low, high = bounds
-    backend, num_blocks, max_len, where = deployment_backend(args)
-    context = SweepContext(load_trace_from_args(args), backend, num_blocks, args.block_size,
-                           args.max_model_len or max_len, slo_from_args(args),
-                           args.enable_prefix_caching, cluster_from_args(args, backend))
+    deployment = build_deployment(deployment_options(args))
+    where = deployment.description
+    context = SweepContext(load_trace_from_args(args), deployment.cost_model,
+                           deployment.kv_pool.num_blocks, deployment.kv_pool.block_size,
+                           args.max_model_len or deployment.max_model_len, slo_from_args(args),
+                           args.enable_prefix_caching, cluster_from_args(args, deployment))
     for point in points:  # a bad combination fails now, before any run
         context.config(point)
     if args.ray is not None:
@@ -130,6 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         _write_out(args.out, table, capacities, capacity_slo, trace.name)
     if args.json is not None:
         write_json_atomic(args.json, {"deployment": where, "rows": rows,
+                                      "deployment_spec": deployment.to_dict(),
                                       "capacity": capacity_records(capacities, capacity_slo)})
     return 0
 

@@ -25,12 +25,13 @@ def add_model_args(parser: argparse.ArgumentParser, default_model: str = "peer-4
                        help="KV pool size when --num-blocks is not given")
 
 
-def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
-    """The model --model, --device, --dtype, --threads and --seed name."""
+def load_model_from_args(args: argparse.Namespace, threads: int | None = None) -> LoadedModel:
+    """The model --model, --device, --dtype, --threads and --seed name (`threads`, when
+    given, in place of --threads)."""
     from executor.loading import load
 
-    return load(args.model or args.default_model, args.device, args.dtype, args.threads,
-                args.seed)
+    return load(args.model or args.default_model, args.device, args.dtype,
+                args.threads if threads is None else threads, args.seed)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:

@@ -6,18 +6,18 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from sim.calibrated import CalibratedCostModel
-from sim.core import Backend
-from sim.cost_model import AnalyticCostModel
-from sim.gpu_cost import coverage as gpu_coverage
-from sim.gpu_cost import gpu_cost_backend
+from sim.deployment import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DTYPE_NAMES,
+    Deployment,
+    DeploymentOptions,
+)
 from sim.metrics import Slo
 from sim.scheduler import POLICIES, SchedulerConfig
 from sim.scheduler_config import PREEMPTION_MODES, QUEUES
 from workloads.files import atomic_output
-
-DEFAULT_MAX_MODEL_LEN = 8192
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +28,8 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
                        help="KV pool in blocks (default: GPU memory left after weights "
                             "when simulating, --kv-cache-gib on the executor)")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    group.add_argument("--token-budget", type=int, default=None,
+    group.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
+                       type=int, default=None,
                        help="most tokens per step (default: 2048 chunked, else max-model-len)")
     group.add_argument("--max-model-len", type=int, default=None,
                        help="prompt+output limit per request (default: the model's, <= 8192)")
@@ -83,9 +84,18 @@ def parse_policies(text: str) -> list[str]:
 
 def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
                      max_model_len: int,
-                     blocks_in_gib: Callable[[float], int] | None = None) -> SchedulerConfig:
+                     blocks_in_gib: Callable[[float], int] | None = None,
+                     server: dict[str, Any] | None = None) -> SchedulerConfig:
     """The SchedulerConfig the flags describe (validated by SchedulerConfig itself);
-    blocks_in_gib sizes --swap-space-gib in KV blocks of the deployment."""
+    blocks_in_gib sizes --swap-space-gib in KV blocks of the deployment; `server`'s limits
+    (a calibrated server's) replace the flags left at their defaults."""
+    server = server or {}
+
+    def flag(key: str) -> Any:
+        value = getattr(args, key)
+        given = key not in SERVER_LIMIT_DEFAULTS or value != SERVER_LIMIT_DEFAULTS[key]
+        return value if given or server.get(key) is None else server[key]
+
     swap = getattr(args, "preemption", "recompute") == "swap"
     if swap and blocks_in_gib is None:
         raise ValueError("--preemption swap is not available for this command")
@@ -94,17 +104,27 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
     return SchedulerConfig(
         policy=policy,
         num_blocks=args.num_blocks if args.num_blocks is not None else num_blocks,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
+        block_size=flag("block_size"),
+        max_num_seqs=flag("max_num_seqs"),
         max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
-        token_budget=args.token_budget,
-        enable_prefix_caching=args.enable_prefix_caching,
+        token_budget=flag("token_budget"),
+        enable_prefix_caching=flag("enable_prefix_caching"),
         queue=args.queue,
         queue_aging_s=args.queue_aging_s,
         sjf_noise=args.sjf_noise,
         preemption=getattr(args, "preemption", "recompute"),
         swap_space_blocks=blocks_in_gib(args.swap_space_gib) if swap else 0,
     )
+
+
+def deployment_scheduler_config(args: argparse.Namespace, policy: str | None,
+                                deployment: Deployment) -> SchedulerConfig:
+    """scheduler_config on a deployment's KV pool and length; `policy` None: the calibrated
+    server's policy, else continuous."""
+    server = dict(deployment.server_limits)
+    return scheduler_config(args, policy or server.get("policy") or "continuous",
+                            deployment.kv_pool.num_blocks, deployment.max_model_len,
+                            deployment.kv_pool.blocks_in_gib, server)
 
 
 def slo_from_args(args: argparse.Namespace) -> Slo | None:
@@ -150,21 +170,57 @@ def format_summaries(results: dict[str, dict]) -> str:
 
 
 def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
-    """--model, --hardware, --dtype, --cost-model: what deployment_backend reads."""
-    group = parser.add_argument_group("deployment (analytic cost model)")
-    group.add_argument("--model", default="llama-3-8b", help="model shape preset")
-    group.add_argument("--hardware", default="h100", help="GPU preset: a100-80gb, h100, h200")
-    group.add_argument("--dtype", default="bf16", help="bf16 or fp16")
-    group.add_argument("--tp", type=int, default=1,
+    """The deployment flags (servelab's names and vLLM's): what deployment_options reads."""
+    group = parser.add_argument_group("deployment (analytic cost model; vLLM's flag names too)")
+    group.add_argument("--model", default="llama-3-8b",
+                       help="a preset, a Hugging Face id servelab ships a config for "
+                            "(`servelab models`), or a config.json path or its folder")
+    group.add_argument("--hardware", default="h100",
+                       help="a GPU preset (`servelab hardware`) or a GPU file")
+    add_parallel_args(group)
+
+
+def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> None:
+    """--dtype, --tp, --data-parallel-size, --enable-expert-parallel,
+    --gpu-memory-utilization, --cost-model (serve has its own --dtype)."""
+    if not serve:
+        group.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES,
+                           help="bf16 or fp16 (vLLM's auto, bfloat16, float16, half too)")
+    group.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=int,
+                       default=None if serve else 1,
                        help="tensor-parallel GPUs per engine (analytic model; default 1)")
+    group.add_argument("--data-parallel-size", "-dp", dest="data_parallel_size", type=int,
+                       default=1, help="data-parallel engines, each its own scheduler and KV "
+                                       "pool; requests spread as vLLM's front end does")
+    group.add_argument("--enable-expert-parallel", action="store_true",
+                       help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
+                            "exchanged around each MoE layer (vLLM's expert parallel)")
     group.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
                        help="gpu: the operator model fitted on published GPU profiles "
                             "(default); roofline: the analytic roofline")
+    group.add_argument("--gpu-memory-utilization", type=float,
+                       default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                       help="fraction of each GPU's memory for weights, activations and KV "
+                            "(default %(default)g, as vLLM's)")
     group.add_argument("--cost-model", type=Path, default=None,
                        help="a calibration JSON from `servelab calibrate` instead of the "
                             "analytic model (its KV pool and max length become the defaults; "
                             "one from `calibrate --url` sets every limit and the policy the "
                             "server runs, where flags are left at their defaults)")
+
+
+def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
+                       **defaults: Any) -> DeploymentOptions:
+    """The DeploymentOptions the flags give; `defaults` fill flags left unset (None)."""
+    def value(key: str, flag: Any) -> Any:
+        return defaults[key] if flag is None and key in defaults else flag
+
+    return DeploymentOptions(
+        model=value("model", args.model), hardware=value("hardware", args.hardware),
+        dtype=value("dtype", args.dtype), tensor_parallel=value("tensor_parallel", args.tp),
+        data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
+        block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost)
 
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.
@@ -179,41 +235,6 @@ def use_server_limits(args: argparse.Namespace, server: dict) -> None:
         known = hasattr(args, key) and server.get(key) is not None
         if known and getattr(args, key) == default:
             setattr(args, key, server[key])
-
-
-def cost_model_name(args: argparse.Namespace) -> str:
-    """Which cost model prices the run: calibrated, gpu-fitted or roofline."""
-    if args.cost_model is not None:
-        return "calibrated"
-    return "gpu-fitted" if getattr(args, "cost", "gpu") == "gpu" else "roofline"
-
-
-def deployment_backend(args: argparse.Namespace) -> tuple[Backend, int, int, str]:
-    """The cost model, its default KV blocks and max length, and a one-line description."""
-    if args.cost_model is not None:
-        if getattr(args, "tp", 1) != 1:
-            raise ValueError("--tp prices the analytic model; a calibration is measured as is")
-        model = CalibratedCostModel.load(args.cost_model)
-        meta = model.meta
-        if meta.get("server"):
-            use_server_limits(args, meta["server"])
-        if meta.get("block_size", args.block_size) != args.block_size:
-            raise ValueError(f"{args.cost_model}: calibrated with block size "
-                             f"{meta['block_size']}, --block-size is {args.block_size}")
-        where = f"calibrated {meta.get('model', '?')} on {meta.get('hardware', '?')}"
-        return model, meta.get("num_blocks", 4096), meta.get("max_model_len", 2048), where
-    tp = getattr(args, "tp", 1)
-    model = AnalyticCostModel.preset(args.model, args.hardware, args.dtype, tensor_parallel=tp)
-    max_len = min(model.model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    gpus = f"{tp}x {args.hardware}" if tp > 1 else args.hardware
-    where = f"{args.model} on {gpus} ({args.dtype})"
-    blocks = model.kv_pool_blocks(args.block_size)
-    if getattr(args, "cost", "gpu") == "roofline":
-        return model, blocks, max_len, where + "; priced by roofline"
-    fitted = gpu_cost_backend(model.model, model.hardware, tp)
-    budget = getattr(args, "token_budget", None) or max_len
-    note = gpu_coverage(model.model.name, model.hardware.name, budget)
-    return fitted, blocks, max_len, where + f"; priced by gpu-fitted: {note}"
 
 
 CLASS_COLUMNS = ("requests", "completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",

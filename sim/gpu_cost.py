@@ -235,7 +235,8 @@ class GpuCostModel:
             return (self._gemm(tokens, h, gates * inter) + self._gemm(tokens, inter, h)
                     + self._small((gates + 1) * tokens * inter * b))
         ep, k, experts = self.expert_parallel, s.experts_per_token, s.num_experts
-        inter = s.moe_intermediate_size // tp
+        # Expert parallel keeps each expert whole on one GPU; otherwise tp splits each.
+        inter = s.moe_intermediate_size // (tp if ep == 1 else 1)
         # Every rank's tokens reach this rank's E / ep experts (all-gathered); an expert is
         # active if any of them routes to it (top-k of E, independent rows).
         group = tokens * ep if group_tokens is None else group_tokens
@@ -275,7 +276,8 @@ def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) 
 
 
 def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: int = 1,
-                     engine: str = "vllm") -> GpuCostModel:
+                     engine: str = "vllm", expert_parallel: int = 1) -> GpuCostModel:
     """The fitted model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
     return GpuCostModel(LayerShapes.from_model_spec(model), GpuPeaks.from_hardware_spec(hardware),
-                        load_engine(engine), tensor_parallel=tensor_parallel)
+                        load_engine(engine), tensor_parallel=tensor_parallel,
+                        expert_parallel=expert_parallel)

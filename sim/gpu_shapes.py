@@ -1,14 +1,15 @@
 """What the fitted GPU cost model needs of a model and a GPU: layer shapes and datasheet peaks.
 
-Kept narrow on purpose: `LayerShapes.from_model_spec` adapts servelab's ModelSpec, and the
-few models and GPUs the fitted data covers are named here with their published numbers.
+Kept narrow on purpose: `LayerShapes.from_model_spec` adapts servelab's ModelSpec and
+`GpuPeaks.from_hardware_spec` a GPU file; the models the fitted data and its validation
+name (BLOOM-176B among them, which servelab does not ship) are listed here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.hardware import HardwareSpec
+from sim.hardware import HardwareSpec, hardware_spec
 from sim.model_specs import ModelSpec
 
 
@@ -97,19 +98,6 @@ KNOWN_SHAPES: dict[str, LayerShapes] = {s.name: s for s in (
                 num_experts=128, experts_per_token=8, moe_intermediate_size=768),
 )}
 
-# Datasheet peaks. A100/H100 SXM: 312 / 989 TFLOP/s bf16 dense, 2.039 / 3.35 TB/s HBM,
-# NVLink 600 / 900 GB/s both ways. RTX 4090: 165 TFLOP/s bf16 dense with fp32 accumulate,
-# 1.008 TB/s GDDR6X, PCIe 4.0 x16 32 GB/s each way. RTX PRO 6000 Blackwell Server: about
-# 500 TFLOP/s bf16 dense, 1.792 TB/s GDDR7, PCIe 5.0 x16 64 GB/s each way.
-KNOWN_GPUS: dict[str, GpuPeaks] = {g.name: g for g in (
-    GpuPeaks("a100-80gb", 312e12, 2039e9, 300e9),
-    GpuPeaks("h100", 989e12, 3.35e12, 450e9),
-    GpuPeaks("h200", 989e12, 4.8e12, 450e9),
-    GpuPeaks("rtx-4090", 165e12, 1008e9, 32e9),
-    GpuPeaks("rtx-pro-6000", 500e12, 1792e9, 64e9),
-)}
-
-
 def known_shapes(name: str) -> LayerShapes:
     """A model the fitted data or its validation names, by servelab's lower-case name."""
     try:
@@ -120,9 +108,5 @@ def known_shapes(name: str) -> LayerShapes:
 
 
 def known_gpu(name: str) -> GpuPeaks:
-    """A GPU's datasheet peaks by servelab's preset name."""
-    try:
-        return KNOWN_GPUS[name]
-    except KeyError:
-        raise ValueError(f"unknown GPU {name!r} for the GPU cost model; known: "
-                         f"{', '.join(KNOWN_GPUS)}") from None
+    """A GPU's datasheet peaks from its hardware file (sim/gpus/), by preset name."""
+    return GpuPeaks.from_hardware_spec(hardware_spec(name))

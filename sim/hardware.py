@@ -142,9 +142,10 @@ def hardware_spec(name: str) -> HardwareSpec:
 def gpu_hour_usd(name: str, prices: dict[str, float] | None = None) -> float:
     """USD per GPU-hour of preset `name`: `prices` overrides GPU_HOUR_USD name by name."""
     table = GPU_HOUR_USD if prices is None else {**GPU_HOUR_USD, **prices}
-    try:
-        price = table[name]
-    except KeyError:
+    price = table.get(name)
+    if price is None and name not in HARDWARE_SPECS and Path(name).is_file():
+        price = load_hardware(Path(name)).usd_per_hour  # a GPU file's own price
+    if price is None:
         known = ", ".join(table)
         raise ValueError(f"gpu_hour_usd: no price for GPU {name!r}; known: {known}") from None
     if not price > 0.0:

@@ -44,7 +44,8 @@ def resolve_model(text: str) -> ModelSpec:
     shipped = shipped_configs()
     key = text.lower()
     if key in shipped:
-        return spec_from_config(load_config(shipped[key]), text)
+        config = load_config(shipped[key])
+        return spec_from_config(config, config["_name_or_path"])
     path = Path(text)
     if path.is_dir():
         path = path / "config.json"

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
-from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
-from sim.gpu_cost import gpu_cost_backend
+from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.hardware import gpu_hour_usd
 from sim.metrics import summarize
 from sim.policy_runs import run_deployment
@@ -43,13 +42,17 @@ class Family:
     policy: str = "chunked"
     max_num_seqs: int = 256
     token_budget: int | None = None
+    # Data-parallel engines per group, an MoE model's experts sharded over all of their
+    # GPUs (vLLM's --data-parallel-size with --enable-expert-parallel); 1: plain replicas.
+    dp: int = 1
 
     def engines_per_scale(self) -> int:
-        return 1 if self.pd is None else self.pd[0] + self.pd[1]
+        return self.dp if self.pd is None else self.pd[0] + self.pd[1]
 
     def label(self) -> str:
         shape = "co-located" if self.pd is None else f"P/D {self.pd[0]}:{self.pd[1]}"
-        return f"{self.hardware} tp{self.tp} {shape} {self.router}"
+        parallel = f"tp{self.tp}" + (f" dp{self.dp}+ep" if self.dp > 1 else "")
+        return f"{self.hardware} {parallel} {shape} {self.router}"
 
 
 @dataclass(frozen=True)
@@ -74,37 +77,36 @@ class PlanContext:
     max_model_len: int | None = None  # None: the model's, at most 8192
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
-    cost: str = "gpu"  # gpu: the fitted GPU model prices steps; roofline: the analytic one
+    cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
+
+    def resolved(self, family: Family) -> Deployment:
+        """One engine of the family as a Deployment (its cost model and KV pool)."""
+        return build_deployment(DeploymentOptions(
+            self.model, family.hardware, self.dtype, family.tp, family.dp,
+            expert_parallel=family.dp > 1, block_size=self.block_size, cost=self.cost))
 
     def backend(self, family: Family) -> AnalyticCostModel:
-        """The analytic model of a family: weights, KV sizes and the KV pool it gets."""
-        return AnalyticCostModel.preset(self.model, family.hardware, self.dtype,
-                                        tensor_parallel=family.tp)
+        return self.resolved(family).cost_model
 
-    def pricing(self, family: Family) -> Backend:
-        """The cost model that prices a family's steps (`cost`)."""
-        sizing = self.backend(family)
-        if self.cost == "roofline":
-            return sizing
-        return gpu_cost_backend(sizing.model, sizing.hardware, family.tp)
-
-    def deployment(self, point: PlanPoint) -> tuple[Backend, SchedulerConfig, ClusterConfig]:
+    def deployment(self, point: PlanPoint) -> tuple[AnalyticCostModel, SchedulerConfig,
+                                                     ClusterConfig]:
         """The cost model, each engine's scheduler config and the cluster of a point."""
-        family, backend = point.family, self.backend(point.family)
-        spec = backend.model
+        family = point.family
+        deployment = self.resolved(family)
+        backend, spec = deployment.cost_model, deployment.model
         config = SchedulerConfig(
-            policy=family.policy, num_blocks=backend.kv_pool_blocks(self.block_size),
+            policy=family.policy, num_blocks=deployment.kv_pool.num_blocks,
             block_size=self.block_size, max_num_seqs=family.max_num_seqs,
             max_model_len=self.max_model_len or min(spec.max_position_embeddings,
                                                     DEFAULT_MAX_MODEL_LEN),
             token_budget=family.token_budget, enable_prefix_caching=self.enable_prefix_caching)
         prefill, decode = (0, 0) if family.pd is None else family.pd
         cluster = ClusterConfig(
-            num_replicas=point.scale if family.pd is None else 1,
+            num_replicas=point.scale * family.dp if family.pd is None else 1,
             router=RouterConfig(family.router), num_prefill=prefill * point.scale,
             num_decode=decode * point.scale, kv_link_gbps=self.kv_link_gbps,
             kv_bytes_per_token=spec.kv_bytes_per_token(backend.dtype_bytes))
-        return self.pricing(family), config, cluster
+        return backend, config, cluster
 
 
 def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
@@ -136,7 +138,7 @@ def fitting_families(context: PlanContext, families: Sequence[Family]
     kept, skipped = [], []
     for family in families:
         try:
-            context.backend(family).kv_pool_blocks(context.block_size)
+            context.resolved(family)
         except ValueError as exc:
             skipped.append(f"{family.label()}: {exc}")
         else:
@@ -187,13 +189,14 @@ def cheapest(rows: Sequence[dict], per: str | None = None) -> list[dict]:
 def simulate_args(row: dict, context: PlanContext) -> list[str]:
     """The `servelab simulate` flags (trace flags aside) that replay one planned deployment
     on its own."""
-    size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"])]
+    dp = row.get("dp", 1)
+    size = ["--pd", row["pd"]] if row["pd"] else ["--replicas", str(row["engines"] // dp)]
+    dp = ["--data-parallel-size", str(dp), "--enable-expert-parallel"] if dp > 1 else []
     budget = ["--token-budget", str(row["token_budget"])] if row["token_budget"] else []
     caching = [] if context.enable_prefix_caching else ["--no-enable-prefix-caching"]
-    # The replay prices with the cost model the plan priced with.
     return ["--cost", context.cost, "--model", context.model, "--dtype", context.dtype,
-            "--hardware",
-            row["hardware"], "--tp", str(row["tp"]), *size, "--router", row["router"],
+            "--hardware", row["hardware"], "--tp", str(row["tp"]), *size, *dp,
+            "--router", row["router"],
             "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
             "--block-size", str(context.block_size), "--kv-link-gbps",
             f"{context.kv_link_gbps:g}", *budget, *caching,

@@ -1,4 +1,5 @@
-"""Trace loaders: Azure LLM inference CSV, Mooncake JSONL and our own CSV/JSONL/Parquet.
+"""Trace loaders: Azure LLM inference CSV, Mooncake JSONL, vLLM request records and our own
+CSV/JSONL/Parquet.
 
 The format is detected from the file's content (header or first record), not its name.
 """
@@ -36,6 +37,13 @@ MOONCAKE_FIELDS = {
     "output_len": "output_length",
     "prefix_hash_ids": "hash_ids",
 }
+# Per-request records of a vLLM run (LLMServingSim's bench format): arrival_time in epoch
+# seconds, token counts, and the engine's own timestamps (ignored: the replay makes its own).
+VLLM_REQUEST_FIELDS = {
+    "arrival_s": "arrival_time",
+    "prompt_len": "input_toks",
+    "output_len": "output_toks",
+}
 OWN_REQUIRED = ("arrival_s", "prompt_len", "output_len")
 # Azure wall-clock stamps: up to 9 fractional digits (the files have 7, beyond datetime's 6).
 _AZURE_STAMP = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?"
@@ -64,6 +72,8 @@ def detect_format(path: str | Path) -> str:
     if text.startswith("{"):
         if '"input_length"' in text:
             return "mooncake"
+        if '"input_toks"' in text:
+            return "vllm-requests"
         if '"arrival_s"' in text:
             return "jsonl"
     else:
@@ -128,6 +138,25 @@ def read_mooncake_jsonl(path: Path) -> pd.DataFrame:
     if any("hash_ids" in record for record in records):
         hashes = as_hash_lists([r.get("hash_ids") for r in records], "prefix_hash_ids", where)
         table["prefix_hash_ids"] = pd.Series(hashes, dtype=object)
+    check_table(table, where)
+    return table
+
+
+def read_vllm_requests(path: Path) -> pd.DataFrame:
+    """vLLM request records: request_id, input_toks, output_toks, arrival_time (epoch s)."""
+    required = tuple(VLLM_REQUEST_FIELDS.values())
+    records, lines = read_json_lines(path, required)
+    where = Where(str(path), lines, fields=VLLM_REQUEST_FIELDS)
+    ids = [str(r.get("request_id", k)) for k, r in enumerate(records)]
+    table = pd.DataFrame(
+        {
+            "arrival_s": _from_zero(
+                as_float([r["arrival_time"] for r in records], "arrival_s", where)),
+            "prompt_len": as_int([r["input_toks"] for r in records], "prompt_len", where),
+            "output_len": as_int([r["output_toks"] for r in records], "output_len", where),
+            "request_id": pd.Series(ids, dtype=str),
+        }
+    )
     check_table(table, where)
     return table
 
@@ -198,6 +227,7 @@ _OPTIONAL_CONVERTERS = {
 READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     "azure": read_azure_csv,
     "mooncake": read_mooncake_jsonl,
+    "vllm-requests": read_vllm_requests,
     "csv": read_own_csv,
     "jsonl": read_own_jsonl,
     "parquet": read_own_parquet,

@@ -14,14 +14,14 @@ def test_simulate_defaults_to_the_fitted_gpu_model_and_records_it(tmp_path, caps
     assert main(["simulate", *TRACE, "--hardware", "b200", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "priced by gpu-fitted" in printed and "extrapolated from its datasheet" in printed
-    assert json.loads(out.read_text())["config"]["cost_model"] == "gpu-fitted"
+    assert json.loads(out.read_text())["deployment_spec"]["cost_model"] == "GpuCostModel"
 
 
 def test_simulate_keeps_the_roofline_by_name(tmp_path, capsys):
     out = tmp_path / "run.json"
     assert main(["simulate", *TRACE, "--cost", "roofline", "--json", str(out)]) == 0
     assert "priced by roofline" in capsys.readouterr().out
-    assert json.loads(out.read_text())["config"]["cost_model"] == "roofline"
+    assert json.loads(out.read_text())["deployment_spec"]["cost_model"] == "AnalyticCostModel"
 
 
 def test_the_two_cost_models_price_differently(tmp_path, capsys):

@@ -1,0 +1,214 @@
+"""One deployment: model, GPU, dtype, parallelism, KV pool and cost model, built once.
+
+`DeploymentOptions` holds what the user asked for (the CLI's flags, vLLM's names and
+defaults); `build_deployment` resolves it into a frozen `Deployment` that every command,
+benchmark and test passes down. The KV pool is sized as vLLM sizes it (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.calibrated import CalibratedCostModel
+from sim.core import Backend
+from sim.cost_model import DTYPE_BYTES, AnalyticCostModel
+from sim.gpu_cost import coverage as gpu_coverage
+from sim.gpu_cost import gpu_cost_backend
+from sim.hardware import GiB, HardwareSpec, hardware_spec
+from sim.model_config import resolve_model
+from sim.model_specs import ModelSpec
+
+DEFAULT_MAX_MODEL_LEN = 8192  # servelab's cap on the model's own context by default
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
+DEFAULT_BLOCK_SIZE = 16  # vLLM's block_size on CUDA
+
+# vLLM's --dtype values and servelab's, as the cost model names them. `auto` takes the
+# checkpoint's dtype, bf16 for every model servelab ships.
+DTYPE_NAMES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+               "float16": "fp16", "half": "fp16"}
+
+
+def normalize_dtype(text: str) -> str:
+    """bf16 or fp16 from any of vLLM's or servelab's spellings."""
+    try:
+        return DTYPE_NAMES[text]
+    except KeyError:
+        raise ValueError(f"--dtype {text!r}: choose from {', '.join(DTYPE_NAMES)}") from None
+
+
+@dataclass(frozen=True)
+class DeploymentOptions:
+    """What the flags ask for; `build_deployment` resolves it."""
+
+    model: str = "llama-3-8b"  # preset, shipped Hugging Face id, or config.json path
+    hardware: str = "h100"  # GPU preset or GPU file
+    dtype: str = "bf16"  # any DTYPE_NAMES spelling
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: bool = False
+    block_size: int = DEFAULT_BLOCK_SIZE
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    num_blocks: int | None = None  # overrides the sized pool
+    cost_model: Path | None = None  # a calibration instead of the analytic model
+    cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """vLLM's parallel layout: tp GPUs per engine, dp engines, experts over all tp x dp."""
+
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel * self.data_parallel
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """One engine's KV pool and how it was sized (per-GPU bytes; None when not sized)."""
+
+    num_blocks: int
+    block_size: int
+    block_bytes: int  # one block's K and V over the whole model (all layers, all GPUs)
+    sized_by: str  # "vllm" (memory left), "--num-blocks", or "calibration"
+    gpu_memory_utilization: float | None = None
+    gpu_memory_bytes: int | None = None
+    gpu_weight_bytes: int | None = None
+    gpu_reserve_bytes: int | None = None
+    gpu_kv_bytes: float | None = None
+
+    def blocks_in_gib(self, gib: float) -> int:
+        """KV blocks `gib` GiB of memory holds (host swap space, --swap-space-gib)."""
+        return int(gib * 2**30) // self.block_bytes
+
+    def describe(self) -> str:
+        """One line: blocks, and the vLLM sizing rule's terms when sized by it."""
+        head = f"KV pool: {self.num_blocks} blocks of {self.block_size} tokens"
+        if self.sized_by != "vllm":
+            return f"{head} ({self.sized_by})"
+        return (f"{head} = ({self.gpu_memory_utilization:g} x "
+                f"{self.gpu_memory_bytes / GiB:.2f} GiB - weights "
+                f"{self.gpu_weight_bytes / GiB:.2f} GiB - reserve "
+                f"{self.gpu_reserve_bytes / GiB:.2f} GiB) a GPU = "
+                f"{self.gpu_kv_bytes / GiB:.2f} GiB of KV a GPU")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Everything a run needs about what serves it, resolved once from the options."""
+
+    model: ModelSpec
+    hardware: HardwareSpec | None  # None: a calibration measured on whatever it ran on
+    dtype: str
+    parallel: Parallelism
+    kv_pool: KvPool
+    cost_model: Backend = field(compare=False)
+    max_model_len: int  # the model's context, capped at DEFAULT_MAX_MODEL_LEN
+    description: str  # a few words for headers: "llama-3-8b on h100 (bf16)"
+    # Limits of the server a calibration came from (`calibrate --url`): flag defaults give
+    # way to them. Sorted (name, value) pairs; empty for the analytic model.
+    server_limits: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token over the whole model."""
+        return self.model.kv_bytes_per_token(DTYPE_BYTES[self.dtype])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The deployment as JSON-ready data (what --json records)."""
+        return {
+            "description": self.description,
+            "model": asdict(self.model) | {"num_params": self.model.num_params,
+                                           "num_active_params": self.model.num_active_params},
+            "hardware": None if self.hardware is None else
+            {k: v for k, v in asdict(self.hardware).items() if k != "sources"},
+            "dtype": self.dtype,
+            "parallel": asdict(self.parallel),
+            "kv_pool": asdict(self.kv_pool),
+            "max_model_len": self.max_model_len,
+            "cost_model": type(self.cost_model).__name__,
+            "server_limits": dict(self.server_limits),
+        }
+
+
+def build_deployment(options: DeploymentOptions) -> Deployment:
+    """The Deployment the options describe; ValueError naming the option when it cannot be."""
+    dtype = normalize_dtype(options.dtype)
+    parallel = Parallelism(options.tensor_parallel, options.data_parallel,
+                           options.expert_parallel)
+    model = resolve_model(options.model)
+    if not 0.0 < options.gpu_memory_utilization <= 1.0:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got "
+                         f"{options.gpu_memory_utilization}")
+    if options.cost_model is not None:
+        return _calibrated(options, model, dtype, parallel)
+    hardware = hardware_spec(options.hardware)
+    cost = AnalyticCostModel(model, hardware, dtype, tensor_parallel=parallel.tensor_parallel,
+                             allreduce_latency_s=hardware.interconnect_latency_s,
+                             data_parallel=parallel.data_parallel,
+                             expert_parallel=parallel.expert_parallel)
+    block_bytes = model.kv_bytes_per_token(DTYPE_BYTES[dtype]) * options.block_size
+    utilization = options.gpu_memory_utilization
+    sized = cost.kv_pool_blocks(options.block_size, utilization)
+    pool = KvPool(
+        num_blocks=sized if options.num_blocks is None else options.num_blocks,
+        block_size=options.block_size, block_bytes=block_bytes,
+        sized_by="vllm" if options.num_blocks is None else "--num-blocks",
+        gpu_memory_utilization=utilization, gpu_memory_bytes=hardware.memory_bytes,
+        gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
+        gpu_kv_bytes=cost.kv_cache_bytes(utilization))
+    priced, pricing = _pricing(options.cost, cost, model, hardware, parallel)
+    return Deployment(model, hardware, dtype, parallel, pool, priced,
+                      min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
+                      f"{_describe(options, parallel, dtype)}; priced by {pricing}")
+
+
+def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware: HardwareSpec,
+             parallel: Parallelism) -> tuple[Backend, str]:
+    """The cost model `name` picks (the roofline sizes the pool either way), and a line
+    naming it and, for the fitted one, whether GPU, model and shapes lie in its data."""
+    if name == "roofline":
+        return roofline, "roofline"
+    if name != "gpu":
+        raise ValueError(f"--cost {name!r}: choose gpu or roofline")
+    ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
+    fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep)
+    return fitted, f"gpu-fitted: {gpu_coverage(model.name, hardware.name, 2048)}"
+
+
+def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> str:
+    tp, dp = parallel.tensor_parallel, parallel.data_parallel
+    gpus = f"{tp}x {options.hardware}" if tp > 1 else options.hardware
+    if dp > 1:
+        gpus += f", dp {dp}" + (" + ep" if parallel.expert_parallel else "")
+    return f"{options.model} on {gpus} ({dtype})"
+
+
+def _calibrated(options: DeploymentOptions, model: ModelSpec, dtype: str,
+                parallel: Parallelism) -> Deployment:
+    """A deployment whose steps come from a calibration file (its own pool and limits)."""
+    if parallel != Parallelism():
+        raise ValueError("--tp / --data-parallel-size price the analytic model; a "
+                         "calibration is measured as is")
+    cost = CalibratedCostModel.load(options.cost_model)
+    meta = cost.meta
+    server = meta.get("server") or {}
+    block_size = options.block_size  # a calibrated server's, unless given
+    if block_size == DEFAULT_BLOCK_SIZE and server.get("block_size"):
+        block_size = server["block_size"]
+    if meta.get("block_size", block_size) != block_size:
+        raise ValueError(f"{options.cost_model}: calibrated with block size "
+                         f"{meta['block_size']}, --block-size is {block_size}")
+    num_blocks = meta.get("num_blocks", 4096) if options.num_blocks is None else options.num_blocks
+    pool = KvPool(num_blocks, block_size,
+                  model.kv_bytes_per_token(DTYPE_BYTES[dtype]) * block_size,
+                  "calibration" if options.num_blocks is None else "--num-blocks")
+    return Deployment(model, None, dtype, parallel, pool, cost,
+                      meta.get("max_model_len", 2048),
+                      f"calibrated {meta.get('model', '?')} on {meta.get('hardware', '?')}",
+                      tuple(sorted((k, v) for k, v in server.items() if v is not None)))

@@ -1,0 +1,130 @@
+"""Models, GPUs and vLLM's flags through the CLI: every shipped config simulates, config.json
+paths do, an unpriced config ends in one line and exit 2, and the four vLLM runs replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servelab.cli import main
+from sim.deployment import DeploymentOptions, build_deployment
+from sim.model_config import MODELS_DIR, shipped_model_ids
+
+TINY = "synthetic:n=20,rate=5,prompt=fixed(200),output=fixed(16)"
+RUNS = Path(__file__).parents[2] / "workloads" / "data" / "vllm-runs"
+
+
+def _fitting(model: str) -> list[str]:
+    """--hardware and --tp of the smallest H200 deployment that holds the model."""
+    for tp in (1, 2, 4, 8):
+        try:
+            build_deployment(DeploymentOptions(model, "h200", tensor_parallel=tp))
+        except ValueError:
+            continue
+        return ["--hardware", "h200", "--tp", str(tp)]
+    raise AssertionError(f"{model} fits no H200 deployment")
+
+
+@pytest.mark.parametrize("model", shipped_model_ids())
+def test_simulate_runs_every_shipped_config(model: str, capsys) -> None:
+    assert main(["simulate", "--trace", TINY, "--model", model, *_fitting(model)]) == 0
+    out = capsys.readouterr().out
+    assert model in out and "KV pool:" in out
+
+
+@pytest.mark.parametrize("hf_id", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B",
+                                   "Qwen/Qwen3-8B", "mistralai/Mistral-7B-v0.3",
+                                   "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B"])
+def test_simulate_runs_a_config_json_path(hf_id: str, tmp_path: Path, capsys) -> None:
+    config = json.loads((MODELS_DIR / (hf_id.replace("/", "--") + ".json")).read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["simulate", "--trace", TINY, "--model", str(tmp_path / "config.json"),
+            "--hardware", "h200", "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    spec = json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+    assert spec["model"]["num_layers"] == config["num_hidden_layers"]
+
+
+def test_a_deepseek_v3_config_ends_in_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "n_routed_experts": 256,
+        "num_experts_per_tok": 8, "vocab_size": 129280}))
+    assert main(["simulate", "--trace", TINY, "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "kv_lora_rank" in err[0]
+
+
+def test_vllm_flag_names_configure_what_servelab_names_do(tmp_path: Path, capsys) -> None:
+    common = ["simulate", "--trace", TINY, "--policy", "chunked"]
+    ours = [*common, "--tp", "2", "--token-budget", "4096", "--dtype", "bf16"]
+    vllm = [*common, "--tensor-parallel-size", "2", "--max-num-batched-tokens", "4096",
+            "--dtype", "bfloat16"]
+    for name, argv in (("a", ours), ("b", vllm)):
+        assert main([*argv, "--json", str(tmp_path / f"{name}.json")]) == 0
+    first, second = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert first == second
+    assert first["config"]["scheduler"]["chunked"]["token_budget"] == 4096
+
+
+@pytest.mark.parametrize(("run", "flags"), [
+    ("RTX4090/Llama-3.1-8B", ["--model", "meta-llama/Llama-3.1-8B", "--hardware", "rtx-4090",
+                              "--max-num-seqs", "256", "--max-model-len", "32768"]),
+    ("RTXPRO6000/Llama-3.1-8B", ["--model", "meta-llama/Llama-3.1-8B", "--hardware",
+                                 "rtx-pro-6000", "--max-num-seqs", "128"]),
+    ("RTXPRO6000/Qwen3-32B", ["--model", "Qwen/Qwen3-32B", "--hardware", "rtx-pro-6000",
+                              "--tensor-parallel-size", "2", "--max-num-seqs", "128"]),
+    ("RTXPRO6000/Qwen3-30B-A3B-Instruct-2507", [
+        "--model", "Qwen/Qwen3-30B-A3B-Instruct-2507", "--hardware", "rtx-pro-6000",
+        "--data-parallel-size", "2", "--enable-expert-parallel", "--max-num-seqs", "128"]),
+])
+def test_the_four_vllm_runs_replay_with_their_engine_args(run: str, flags: list[str],
+                                                          tmp_path: Path, capsys) -> None:
+    meta = json.loads((RUNS / run / "meta.json").read_text())
+    assert flags[1] == meta["model"]
+    argv = ["simulate", "--trace", str(RUNS / run / "requests.jsonl"), "--policy", "chunked",
+            "--max-num-batched-tokens", "2048", "--dtype", "bfloat16", *flags,
+            "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "KV pool:" in out
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["trace"]["requests"] == meta["num_requests"]
+    parallel = result["deployment_spec"]["parallel"]
+    engine = meta["engine_kwargs"]
+    assert parallel == {"tensor_parallel": engine["tensor_parallel_size"],
+                        "data_parallel": engine["data_parallel_size"],
+                        "expert_parallel": engine["enable_expert_parallel"]}
+
+
+def test_hardware_and_models_list_what_the_flags_take(capsys) -> None:
+    assert main(["hardware"]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in ("b200", "l40s", "rtx-4090", "rtx-pro-6000"))
+    assert main(["hardware", "l40s"]) == 0 and "datasheet" in capsys.readouterr().out
+    assert main(["models"]) == 0
+    listing = capsys.readouterr().out
+    assert "Qwen/Qwen3-235B-A22B" in listing and "llama-3-8b" in listing
+
+
+def test_plan_searches_data_parallel_with_experts_for_an_moe_model(tmp_path: Path,
+                                                                   capsys) -> None:
+    argv = ["plan", "--trace", "synthetic:n=200,rate=8,prompt=fixed(500),output=fixed(32)",
+            "--model", "Qwen/Qwen3-30B-A3B", "--hardware", "rtx-pro-6000", "--tp", "1",
+            "--pd-ratios", "", "--workers", "1", "--top", "10", "--rate-range", "1,2",
+            "--json", str(tmp_path / "plan.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = json.loads((tmp_path / "plan.json").read_text())["cheapest"]
+    by_dp = {row["dp"]: row for row in rows}
+    assert set(by_dp) == {1, 2, 4}
+    assert "--enable-expert-parallel" in by_dp[2]["simulate_args"]
+    assert by_dp[4]["gpus"] == 4 * by_dp[4]["scale"]
+
+
+def test_plan_refuses_data_parallel_for_a_dense_model(capsys) -> None:
+    argv = ["plan", "--trace", TINY, "--data-parallel-size", "1,2"]
+    assert main(argv) == 2
+    assert "no experts" in capsys.readouterr().err

@@ -1,0 +1,136 @@
+"""Models from config.json: shipped configs against published parameter counts, KV bytes by
+hand, paths, and the mechanisms the cost model refuses by field name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.model_config import (
+    MODELS_DIR,
+    UnsupportedModelError,
+    resolve_model,
+    shipped_model_ids,
+    spec_from_config,
+)
+
+# Parameter counts the models' Hugging Face pages publish (safetensors totals).
+PUBLISHED_PARAMS = {
+    "meta-llama/Llama-2-7b-hf": 6_738_415_616,
+    "meta-llama/Llama-2-13b-hf": 13_015_864_320,
+    "meta-llama/Llama-2-70b-hf": 68_976_648_192,
+    "codellama/CodeLlama-34b-hf": 33_743_970_304,
+    "meta-llama/Meta-Llama-3-8B": 8_030_261_248,
+    "meta-llama/Meta-Llama-3-70B": 70_553_706_496,
+    "meta-llama/Llama-3.1-8B": 8_030_261_248,
+    "meta-llama/Llama-3.1-70B": 70_553_706_496,
+    "meta-llama/Llama-3.3-70B-Instruct": 70_553_706_496,
+    "mistralai/Mistral-7B-v0.3": 7_248_023_552,
+    "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
+    "mistralai/Mixtral-8x22B-v0.1": 140_630_071_296,
+    "Qwen/Qwen2.5-7B": 7_615_616_512,
+    "Qwen/Qwen2.5-72B": 72_706_203_648,
+    "Qwen/Qwen3-8B": 8_190_735_360,
+    "Qwen/Qwen3-32B": 32_762_123_264,
+    "Qwen/Qwen3-30B-A3B": 30_532_122_624,
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": 30_532_122_624,
+    "Qwen/Qwen3-235B-A22B": 235_093_634_560,
+    "01-ai/Yi-34B": 34_388_917_248,
+}
+
+# K and V bytes per token in bf16: 2 (K, V) x layers x KV heads x head_dim x 2 bytes.
+KV_BYTES_BF16 = {
+    "meta-llama/Llama-2-7b-hf": 2 * 32 * 32 * 128 * 2,
+    "meta-llama/Meta-Llama-3-8B": 2 * 32 * 8 * 128 * 2,
+    "meta-llama/Llama-3.1-70B": 2 * 80 * 8 * 128 * 2,
+    "Qwen/Qwen2.5-7B": 2 * 28 * 4 * 128 * 2,
+    "Qwen/Qwen3-32B": 2 * 64 * 8 * 128 * 2,  # head_dim 128 though hidden/heads is 80
+    "mistralai/Mixtral-8x7B-v0.1": 2 * 32 * 8 * 128 * 2,
+    "Qwen/Qwen3-30B-A3B": 2 * 48 * 4 * 128 * 2,
+    "Qwen/Qwen3-235B-A22B": 2 * 94 * 4 * 128 * 2,
+}
+
+
+def test_every_issue_model_ships() -> None:
+    assert set(shipped_model_ids()) == set(PUBLISHED_PARAMS)
+
+
+@pytest.mark.parametrize("hf_id", sorted(PUBLISHED_PARAMS))
+def test_weights_match_the_published_parameter_count(hf_id: str) -> None:
+    spec = resolve_model(hf_id)
+    assert spec.num_params == pytest.approx(PUBLISHED_PARAMS[hf_id], rel=0.01)
+
+
+@pytest.mark.parametrize("hf_id", sorted(KV_BYTES_BF16))
+def test_kv_bytes_per_token_by_hand(hf_id: str) -> None:
+    assert resolve_model(hf_id).kv_bytes_per_token(2) == KV_BYTES_BF16[hf_id]
+
+
+@pytest.mark.parametrize(("hf_id", "active"), [
+    ("mistralai/Mixtral-8x7B-v0.1", 12.9e9),  # "12.9B active parameters"
+    ("mistralai/Mixtral-8x22B-v0.1", 39e9),  # "39B active"
+    ("Qwen/Qwen3-235B-A22B", 22e9),  # "22B activated"
+])
+def test_moe_active_parameters_match_the_model_cards(hf_id: str, active: float) -> None:
+    assert resolve_model(hf_id).num_active_params == pytest.approx(active, rel=0.01)
+
+
+def test_short_names_and_case_resolve_to_the_shipped_config() -> None:
+    assert resolve_model("Llama-3.1-8B") == resolve_model("meta-llama/Llama-3.1-8B")
+    assert resolve_model("qwen/qwen3-8b").num_layers == 36
+
+
+@pytest.mark.parametrize("hf_id", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B",
+                                   "Qwen/Qwen3-8B", "mistralai/Mistral-7B-v0.3",
+                                   "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B"])
+def test_a_config_json_path_or_its_folder_gives_the_shipped_shape(tmp_path: Path,
+                                                                  hf_id: str) -> None:
+    shipped = json.loads((MODELS_DIR / (hf_id.replace("/", "--") + ".json")).read_text())
+    (tmp_path / "config.json").write_text(json.dumps(shipped))
+    by_file = resolve_model(str(tmp_path / "config.json"))
+    by_folder = resolve_model(str(tmp_path))
+    assert by_file.num_params == by_folder.num_params == resolve_model(hf_id).num_params
+
+
+DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json, the fields that matter here
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 129280, "max_position_embeddings": 163840,
+}
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({}, "kv_lora_rank"),
+    ({"model_type": "mistral", "kv_lora_rank": None, "q_lora_rank": None,
+      "sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window"),
+    ({"model_type": "qwen3_next", "kv_lora_rank": None, "q_lora_rank": None,
+      "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
+    ({"model_type": "gpt2", "kv_lora_rank": None, "q_lora_rank": None}, "model_type"),
+])
+def test_unpriced_mechanisms_are_refused_by_field_name(changes: dict, field: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=field):
+        spec_from_config({**DEEPSEEK_V3, **changes}, "m")
+
+
+def test_qwen2_sliding_window_switched_off_is_priced() -> None:
+    spec = resolve_model("Qwen/Qwen2.5-7B")  # sliding_window set, use_sliding_window false
+    assert spec.num_layers == 28
+
+
+def test_a_config_missing_a_field_names_it(tmp_path: Path) -> None:
+    config = json.loads((MODELS_DIR / "Qwen--Qwen3-8B.json").read_text())
+    del config["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        resolve_model(str(tmp_path))
+
+
+def test_unknown_model_names_the_presets() -> None:
+    with pytest.raises(ValueError, match="unknown model preset 'gpt-5'.*llama-3-8b"):
+        resolve_model("gpt-5")
