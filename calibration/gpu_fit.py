@@ -70,15 +70,15 @@ def fit_gemm(samples: list[OpSample], gpu: str) -> dict:
     _, eff_c, eff_m, latency_s = best
     # A GEMM's time never falls as rows grow: FLOPs per row are fixed, so the achieved
     # FLOP/s grows at most in proportion to rows, and bytes grow, so bandwidth never rises.
-    eff_c = list(np.maximum.accumulate(eff_c))
+    # (Rounded first, so the file's own numbers keep the two properties.)
+    eff_c = list(np.maximum.accumulate([round(min(EFF_CAP, e), 6) for e in eff_c]))
     for i in range(1, len(tokens)):
-        eff_c[i] = min(eff_c[i], eff_c[i - 1] * tokens[i] / tokens[i - 1])
-    eff_m = list(np.minimum.accumulate(eff_m))
+        eff_c[i] = min(eff_c[i], eff_c[i - 1] * (tokens[i] // tokens[i - 1]))
+    eff_m = list(np.minimum.accumulate([round(min(EFF_CAP, e), 6) for e in eff_m]))
     return {"_what": "GEMM: latency + max(FLOPs / (peak x eff_compute), bytes / (bandwidth x "
                      "eff_memory)), efficiencies by rows",
             "latency_s": latency_s, "tokens": tokens,
-            "eff_compute": [round(min(EFF_CAP, e), 4) for e in eff_c],
-            "eff_memory": [round(min(EFF_CAP, e), 4) for e in eff_m]}
+            "eff_compute": [float(e) for e in eff_c], "eff_memory": [float(e) for e in eff_m]}
 
 
 def _floor_plus_rate(x: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
