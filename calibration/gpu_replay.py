@@ -1,5 +1,6 @@
 """Replay LLMServingSim's four real vLLM runs through servelab's simulator with the fitted
-GPU cost model: same arrivals, lengths and engine arguments (meta.json), vLLM's KV pool."""
+GPU cost model: same arrivals, lengths and engine arguments (meta.json) resolved into a
+Deployment as the CLI resolves vLLM's flags, vLLM's KV pool."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 from calibration.gpu_profiles import DATA_DIR, LSS_GPUS, LSS_MODELS
 from sim.cluster import ClusterConfig, run_cluster
 from sim.core import Request
+from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.dp_lockstep import run_lockstep
 from sim.engine import Engine
-from sim.gpu_cost import GpuCostModel, load_engine
-from sim.gpu_shapes import known_gpu, known_shapes
+from sim.gpu_cost import GpuCostModel
 from sim.metrics import summarize
 from sim.router import RouterConfig
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -24,10 +25,6 @@ RUNS_DIR = DATA_DIR / "llmservingsim" / "bench" / "examples"
 METRICS = {"TTFT Mean": "mean_ttft_ms", "TTFT P99": "p99_ttft_ms", "TPOT Mean": "mean_tpot_ms",
            "TPOT P99": "p99_tpot_ms", "Latency Mean": "mean_e2el_ms",
            "Latency P99": "p99_e2el_ms"}
-GiB = 2**30
-# vLLM's memory besides weights and KV on one GPU (CUDA context, activation peak, graphs),
-# for runs whose meta.json does not record the KV pool.
-VLLM_RESERVE_BYTES = 3 * GiB
 
 
 @dataclass(frozen=True)
@@ -74,36 +71,24 @@ def load_runs(root: Path = RUNS_DIR) -> list[VllmRun]:
     return [load_run(folder) for folder in sorted(root.glob("*/*")) if folder.is_dir()]
 
 
-def vllm_blocks(run: VllmRun, memory_bytes: float, block_size: int = 16) -> int:
-    """vLLM's KV pool per engine: 0.9 of each GPU less its weights and reserve."""
-    if run.num_gpu_blocks is not None:
-        return run.num_gpu_blocks
-    s = known_shapes(run.model)
+def run_deployment(run: VllmRun) -> Deployment:
+    """The run's deployment as servelab resolves vLLM's arguments: the model's shipped config,
+    the GPU file, vLLM's KV pool rule (the pool vLLM reported, where meta.json has it)."""
     kw = run.engine_kwargs
-    tp, ep = kw["tensor_parallel_size"], kw["data_parallel_size"] if kw.get(
-        "enable_expert_parallel") else 1
-    h, kv = s.hidden_size, s.num_kv_heads * s.head_dim
-    attn = s.num_heads * s.head_dim * h * 2 + 2 * h * kv
-    mlp = (3 * s.num_experts * h * s.moe_intermediate_size // ep if s.is_moe
-           else 3 * h * s.intermediate_size)
-    weights = (s.num_layers * (attn + mlp) + 2 * s.vocab_size * h) * 2 / tp
-    free = 0.9 * memory_bytes - weights - VLLM_RESERVE_BYTES
-    per_block = s.num_layers * 2 * max(1, s.num_kv_heads // tp) * s.head_dim * 2 * block_size
-    return int(free // per_block)
+    return build_deployment(DeploymentOptions(
+        model=kw["model"], hardware=run.gpu, dtype=kw["dtype"],
+        tensor_parallel=kw["tensor_parallel_size"], data_parallel=kw.get("data_parallel_size", 1),
+        expert_parallel=bool(kw.get("enable_expert_parallel")), num_blocks=run.num_gpu_blocks))
 
 
-# Device memory of one GPU as the runs' meta.json report it (RTX 4090) or the datasheet.
-GPU_MEMORY = {"rtx-4090": 25250627584, "rtx-pro-6000": 96 * GiB}
-
-
-def replay(run: VllmRun, engine_name: str = "vllm") -> dict:
+def replay(run: VllmRun) -> dict:
     """Simulate `run` with its engine arguments; the summary dict of the whole run."""
     kw = run.engine_kwargs
-    tp, dp = kw["tensor_parallel_size"], kw.get("data_parallel_size", 1)
-    ep = dp if kw.get("enable_expert_parallel") else 1
-    model = GpuCostModel(known_shapes(run.model), known_gpu(run.gpu), load_engine(engine_name),
-                         tensor_parallel=tp, expert_parallel=ep)
-    config = SchedulerConfig(policy="chunked", num_blocks=vllm_blocks(run, GPU_MEMORY[run.gpu]),
+    deployment = run_deployment(run)
+    model, dp = deployment.cost_model, deployment.parallel.data_parallel
+    if not isinstance(model, GpuCostModel):
+        raise ValueError(f"{run.name}: expected the fitted GPU model, got {type(model).__name__}")
+    config = SchedulerConfig(policy="chunked", num_blocks=deployment.kv_pool.num_blocks,
                              block_size=16, max_num_seqs=kw["max_num_seqs"],
                              token_budget=kw["max_num_batched_tokens"],
                              max_model_len=kw.get("max_model_len") or 40960,
@@ -112,7 +97,7 @@ def replay(run: VllmRun, engine_name: str = "vllm") -> dict:
     if dp == 1:
         return summarize(run_trace(requests, Engine(Scheduler(config), model)))
     engines = [Engine(Scheduler(config), model) for _ in range(dp)]
-    if ep > 1:  # ranks joined by their experts step together
+    if deployment.parallel.expert_parallel:  # ranks joined by their experts step together
         return summarize(run_lockstep(requests, engines, model))
     cluster = ClusterConfig(num_replicas=dp, router=RouterConfig("least-requests"))
     return summarize(run_cluster(requests, engines, cluster).run_result())

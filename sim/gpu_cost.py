@@ -265,7 +265,11 @@ def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) 
         return (f"GPU {gpu} outside the fitted data: extrapolated from its datasheet with the "
                 f"fitted GPUs' median efficiencies")
     wanted = model_name.lower().replace("meta-", "").split("/")[-1]
-    profiled = any(wanted in p.lower() for p in entry["covered"]["profiles"])
+    # Each profile reads "<source> <model> [tpN]"; a fine-tuned variant (-Instruct-2507)
+    # has its base model's shapes.
+    names = {p.split()[1].lower().replace("meta-", "").removesuffix("-hf")
+             for p in entry["covered"]["profiles"]}
+    profiled = any(name == wanted or wanted.startswith(name + "-") for name in names)
     model_note = ("model profiled on it" if profiled
                   else f"model {model_name} not profiled there: priced by the GPU's fitted curves")
     limit = entry["covered"]["max_tokens"]
