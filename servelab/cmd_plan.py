@@ -11,7 +11,7 @@ from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.cluster import DEFAULT_KV_LINK_GBPS
-from sim.deployment import DTYPE_NAMES
+from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.gpu_cost import coverage as gpu_coverage
 from sim.hardware import HARDWARE_SPECS
 from sim.model_config import resolve_model
@@ -71,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fixed.add_argument("--block-size", type=int, default=16)
     fixed.add_argument("--max-model-len", type=int, default=None)
     fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
+    fixed.add_argument("--gpu-memory-utilization", type=float,
+                       default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                       help="fraction of each GPU for weights, activations and KV (vLLM's)")
     add_prefix_caching_arg(fixed)
     out = plan.add_argument_group("output and where")
     out.add_argument("--top", type=int, default=5, help="cheapest deployments listed")
@@ -124,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     trace = load_trace_from_args(args)
     context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
-                          args.enable_prefix_caching, args.cost)
+                          args.enable_prefix_caching, args.gpu_memory_utilization, args.cost)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")

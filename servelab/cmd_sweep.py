@@ -106,10 +106,13 @@ def _run(args: argparse.Namespace) -> int:
     low, high = bounds
     deployment = build_deployment(deployment_options(args))
     where = deployment.description
+    # A calibrated server's prefix caching, unless the flag turned it off.
+    caching = args.enable_prefix_caching and dict(deployment.server_limits).get(
+        "enable_prefix_caching", True)
     context = SweepContext(load_trace_from_args(args), deployment.cost_model,
                            deployment.kv_pool.num_blocks, deployment.kv_pool.block_size,
                            args.max_model_len or deployment.max_model_len, slo_from_args(args),
-                           args.enable_prefix_caching, cluster_from_args(args, deployment))
+                           caching, cluster_from_args(args, deployment))
     for point in points:  # a bad combination fails now, before any run
         context.config(point)
     if args.ray is not None:

@@ -17,7 +17,12 @@ from dataclasses import asdict, dataclass, field
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cost_model import AnalyticCostModel
-from sim.deployment import Deployment, DeploymentOptions, build_deployment
+from sim.deployment import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    Deployment,
+    DeploymentOptions,
+    build_deployment,
+)
 from sim.hardware import gpu_hour_usd
 from sim.metrics import summarize
 from sim.policy_runs import run_deployment
@@ -77,13 +82,15 @@ class PlanContext:
     max_model_len: int | None = None  # None: the model's, at most 8192
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
 
     def resolved(self, family: Family) -> Deployment:
         """One engine of the family as a Deployment (its cost model and KV pool)."""
         return build_deployment(DeploymentOptions(
             self.model, family.hardware, self.dtype, family.tp, family.dp,
-            expert_parallel=family.dp > 1, block_size=self.block_size, cost=self.cost))
+            expert_parallel=family.dp > 1, block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost))
 
     def backend(self, family: Family) -> AnalyticCostModel:
         return self.resolved(family).cost_model
@@ -198,6 +205,7 @@ def simulate_args(row: dict, context: PlanContext) -> list[str]:
             "--hardware", row["hardware"], "--tp", str(row["tp"]), *size, *dp,
             "--router", row["router"],
             "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
-            "--block-size", str(context.block_size), "--kv-link-gbps",
+            "--block-size", str(context.block_size), "--gpu-memory-utilization",
+            f"{context.gpu_memory_utilization:g}", "--kv-link-gbps",
             f"{context.kv_link_gbps:g}", *budget, *caching,
             *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else [])]

@@ -128,3 +128,20 @@ def test_plan_refuses_data_parallel_for_a_dense_model(capsys) -> None:
     argv = ["plan", "--trace", TINY, "--data-parallel-size", "1,2"]
     assert main(argv) == 2
     assert "no experts" in capsys.readouterr().err
+
+
+def test_serve_simulate_takes_vllm_flags() -> None:
+    from serve.tokenizer import load_tokenizer
+    from servelab.cli import build_parser
+    from servelab.cmd_serve import _simulated_parts
+
+    args = build_parser().parse_args([
+        "serve", "--simulate", "--model", "Qwen/Qwen3-32B", "--hardware", "rtx-pro-6000",
+        "--tensor-parallel-size", "2", "--dtype", "bfloat16", "--gpu-memory-utilization",
+        "0.8", "--max-num-batched-tokens", "4096", "--policy", "chunked"])
+    parts = _simulated_parts(args, load_tokenizer(None))
+    expected = build_deployment(DeploymentOptions(
+        "Qwen/Qwen3-32B", "rtx-pro-6000", tensor_parallel=2, gpu_memory_utilization=0.8))
+    assert parts.scheduler.config.num_blocks == expected.kv_pool.num_blocks
+    assert parts.scheduler.config.budget == 4096
+    assert "2x rtx-pro-6000" in parts.where
