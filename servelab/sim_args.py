@@ -221,7 +221,19 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         dtype=value("dtype", args.dtype), tensor_parallel=value("tensor_parallel", args.tp),
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost)
+        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost,
+        **_profile_limits(args))
+
+
+def _profile_limits(args: argparse.Namespace) -> dict[str, int]:
+    """The token budget and sequence cap the KV reserve is profiled at, where the command
+    takes one of each (a sweep's grid lists several: the defaults size its pool)."""
+    limits = {}
+    if isinstance(getattr(args, "token_budget", None), int):
+        limits["max_num_batched_tokens"] = args.token_budget
+    if isinstance(getattr(args, "max_num_seqs", None), int):
+        limits["max_num_seqs"] = args.max_num_seqs
+    return limits
 
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.
