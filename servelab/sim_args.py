@@ -229,10 +229,12 @@ def _profile_limits(args: argparse.Namespace) -> dict[str, int]:
     """The token budget and sequence cap the KV reserve is profiled at, where the command
     takes one of each (a sweep's grid lists several: the defaults size its pool)."""
     limits = {}
-    if isinstance(getattr(args, "token_budget", None), int):
-        limits["max_num_batched_tokens"] = args.token_budget
-    if isinstance(getattr(args, "max_num_seqs", None), int):
-        limits["max_num_seqs"] = args.max_num_seqs
+    for flag, key in (("token_budget", "max_num_batched_tokens"), ("max_num_seqs", "max_num_seqs")):
+        value = getattr(args, flag, None)
+        if isinstance(value, int):
+            if value < 1:  # named as the scheduler names it, before the reserve reads it
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+            limits[key] = value
     return limits
 
 
