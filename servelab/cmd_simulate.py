@@ -48,6 +48,14 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser)
     add_cost_model_args(parser)
     add_output_args(parser)
+    loop = parser.add_argument_group("closed loop")
+    loop.add_argument("--users", type=int, default=None,
+                      help="closed loop: N users, each sending its next request (or session) "
+                           "as soon as its last one finished, as bench-serve --users does")
+    loop.add_argument("--open-loop", action="store_true",
+                      help="replay every arrival time as written, sessions' turns included "
+                           "(default: a session's turn waits for the previous answer plus "
+                           "its think time, as bench-serve sends it)")
 
 
 def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
@@ -59,11 +67,16 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.users is not None and args.users < 1:
+        raise ValueError(f"--users must be >= 1, got {args.users}")
+    if args.users is not None and args.open_loop:
+        raise ValueError("--users runs a closed loop; it does not combine with --open-loop")
     cluster = cluster_from_args(args, deployment)
     trace = load_trace_from_args(args)
     slo = slo_from_args(args)
     outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
-                                  getattr(args, "workers", None), cluster)
+                                  getattr(args, "workers", None), cluster, args.users,
+                                  args.open_loop)
     results = {p: outcomes[p].summary for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
