@@ -22,6 +22,7 @@ from servelab.sim_args import (
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
 from sim.policy_runs import PolicyOutcome, simulate_policies
+from workloads import Trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +81,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     results = {p: outcomes[p].summary for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
-          f"{describe_cluster(cluster)}")
+          f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
     print(format_summaries(results))
     classes = format_classes(results)
@@ -107,6 +108,15 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
+
+
+def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
+    """How requests are sent: as written, or each after the answer it waits for."""
+    if args.users is not None:
+        return f"closed loop: {args.users} users"
+    if trace.has_sessions and not args.open_loop:
+        return "closed loop: each turn after the previous answer"
+    return "open loop"
 
 
 def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome]) -> None:
