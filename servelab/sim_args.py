@@ -196,6 +196,9 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
                             "exchanged around each MoE layer (vLLM's expert parallel)")
+    group.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
+                       help="gpu: the operator model fitted on published GPU profiles "
+                            "(default); roofline: the analytic roofline")
     group.add_argument("--gpu-memory-utilization", type=float,
                        default=DEFAULT_GPU_MEMORY_UTILIZATION,
                        help="fraction of each GPU's memory for weights, activations and KV "
@@ -218,21 +221,24 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         dtype=value("dtype", args.dtype), tensor_parallel=value("tensor_parallel", args.tp),
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-        num_blocks=num_blocks, cost_model=args.cost_model)
+        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost,
+        **_profile_limits(args))
+
+
+def _profile_limits(args: argparse.Namespace) -> dict[str, int]:
+    """The token budget and sequence cap the KV reserve is profiled at, where the command
+    takes one of each (a sweep's grid lists several: the defaults size its pool)."""
+    limits = {}
+    if isinstance(getattr(args, "token_budget", None), int):
+        limits["max_num_batched_tokens"] = args.token_budget
+    if isinstance(getattr(args, "max_num_seqs", None), int):
+        limits["max_num_seqs"] = args.max_num_seqs
+    return limits
 
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.
 SERVER_LIMIT_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "token_budget": None,
                          "enable_prefix_caching": True, "policy": None}
-
-
-def use_server_limits(args: argparse.Namespace, server: dict) -> None:
-    """Flags left at their defaults take the calibrated server's limits (`meta.server` of a
-    calibration from `calibrate --url`), so a simulation runs as that server is set up."""
-    for key, default in SERVER_LIMIT_DEFAULTS.items():
-        known = hasattr(args, key) and server.get(key) is not None
-        if known and getattr(args, key) == default:
-            setattr(args, key, server[key])
 
 
 CLASS_COLUMNS = ("requests", "completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
