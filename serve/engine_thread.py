@@ -2,10 +2,10 @@
 
 HTTP handlers never touch the scheduler: `submit` and `abort` put operations in an inbox (a
 deque under a Condition) that the thread drains at the top of every iteration, then it runs
-one step: engine.schedule(now) -> execute -> finish_step -> hand the new tokens to each
-request's TokenSink (serve/handoff.py). With nothing to do it sleeps on the Condition until
-a submission arrives. A step whose backend raises fails the requests in it
-(FinishReason.FAILED); serving goes on.
+one step, Engine.step (the simulator's step; on a wall clock its wait has nothing to do but
+read the clock), and hands the new tokens to each request's TokenSink (serve/handoff.py).
+With nothing to do it sleeps on the Condition until a submission arrives. A step whose
+backend raises fails the requests in it (FinishReason.FAILED); serving goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from serve.handoff import Clock, Draining, Overloaded, StreamEvent, TokenSink, p
 from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog, arrival_row_of, row_of
 from sim.core import Backend, BatchPlan, FinishReason, Request, StepResult
-from sim.engine import Engine
+from sim.engine import Engine, run_now
 from sim.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -59,18 +59,29 @@ class _Live:
 
 
 class _PlanRecorder:
-    """The backend, remembering the plan it runs so a step that raises can be failed."""
+    """The backend, remembering the plan it runs so a step that raises can be failed, and
+    timing the step on the wall clock."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, clock: Clock) -> None:
         self.backend = backend
+        self.clock = clock
         self.plan: BatchPlan | None = None
+        self.start_s = self.end_s = 0.0  # when the last step was scheduled, and ended
 
     def execute(self, plan: BatchPlan) -> StepResult:
         self.plan = plan
-        return self.backend.execute(plan)
+        result = self.backend.execute(plan)
+        # Tokens are stamped when they became available: the step ends now, so it lasted
+        # from when it was scheduled (scheduling took time too), not the backend's part alone.
+        self.end_s = self.clock.now()
+        return StepResult(self.end_s - self.start_s, result.sampled_token_ids)
 
     def free(self, request: Request) -> None:
         self.backend.free(request)
+
+
+def _no_wait(start_s: float, duration_s: float) -> None:  # noqa: ARG001 - sim.engine.Wait
+    """A wall clock's wait: the backend's execute already took the step's time."""
 
 
 class EngineThread:
@@ -84,7 +95,7 @@ class EngineThread:
         self.config = config or EngineThreadConfig()
         self.metrics = metrics
         self.request_log = request_log
-        self._backend = _PlanRecorder(backend)
+        self._backend = _PlanRecorder(backend, clock)
         self.engine = Engine(scheduler, self._backend)
         self._cond = threading.Condition()
         self._ops: deque[tuple] = deque()  # ("add", _Live) | ("abort", id) | ("abort_all", why)
@@ -221,20 +232,17 @@ class EngineThread:
         """One engine step; False when there was nothing to do."""
         self._backend.plan = None
         try:
-            plan = self.engine.schedule(self.clock.now())
-            if plan is None:
+            self._backend.start_s = self.clock.now()
+            finished = run_now(self.engine.step(self._backend.start_s, _no_wait))
+            if finished is None:
                 return False
-            result = self.engine.execute(plan)
-            end_s = self.clock.now()
-            # Stamp tokens when they became available: the step ends now, not at the
-            # start plus the backend's measured part (scheduling took time too).
-            finished = self.engine.finish_step(plan, result, end_s - result.duration_s)
             self.engine.steps.clear()  # a server runs for days: keep a count, not the rows
             self._num_steps += 1
         except Exception as exc:
             self._fail_step(exc)
             return True
-        self._deliver(plan, finished, end_s)
+        assert self._backend.plan is not None  # (the step ran it)
+        self._deliver(self._backend.plan, finished, self._backend.end_s)
         return True
 
     def _deliver(self, plan: BatchPlan, finished: list[Request], now: float) -> None:

@@ -28,7 +28,7 @@ from serve.request_log import RequestLog
 from serve.state import ApiConfig, ServeState
 from serve.tokenize_api import add_tokenize_routes
 from serve.tokenizer import Tokenizer
-from sim.core import Backend
+from sim.core import Backend, row_knots
 from sim.scheduler import Scheduler
 
 BACKLOG = 2048  # uvicorn's default
@@ -61,7 +61,7 @@ def assemble(scheduler: Scheduler, backend: Backend, tokenizer: Tokenizer, vocab
     clock = Clock()
     metrics = ServerMetrics(api.model_name)
     metrics.describe_cache(scheduler.config)
-    metrics.describe_kernels(getattr(backend, "row_knots", ()))
+    metrics.describe_kernels(row_knots(backend))
     log = RequestLog(request_log) if request_log is not None else None
     thread = EngineThread(scheduler, backend, clock, engine, metrics, log)
     return ServeState(api, thread, tokenizer, metrics, vocab_size, log)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from sim.coast import QuietRun
-from sim.core import Request
+from sim.core import Request, request_overhead_s
 from sim.engine import Engine, StepRecord
 from sim.router import ReplicaLoad, Router, RouterConfig
 from sim.simulation import RunResult, StalledError, collector_paused
@@ -145,7 +145,7 @@ class _Cluster:
         self.origin: dict[int, Request] = {}  # id(prefill stand-in) -> the request it serves
         # A server's path from the socket to its scheduler (a calibration from a URL
         # measures it): each engine sees a request this much after it arrived.
-        self.delay_s = getattr(engines[0].backend, "request_overhead_s", 0.0)
+        self.delay_s = request_overhead_s(engines[0].backend)
 
     def arrivals(self, requests: Sequence[Request]):
         env = self.env
@@ -175,7 +175,7 @@ class _Cluster:
                     run.apply(self.env.now)
         # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
         # so the KV usage and the prefix match are read only by routers that use them.
-        if router.config.name == "least-requests":
+        if router.needs_counts_only:
             return pool[router.least_queued([len(s.running) + len(s.waiting)
                                              for s in schedulers])]
         if router.needs_prefix:
@@ -211,7 +211,14 @@ class _Cluster:
     def stepping(self, index: int):
         env, engine = self.env, self.engines[index]
         prefill = self.config.disaggregated and index < self.config.num_prefill
-        now = env.now  # the engine's clock (SimPy's may be a rounding off after a quiet run)
+        # The engine's clock (SimPy's may be a rounding off after a quiet run).
+        now = end_s = env.now
+
+        def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
+            nonlocal end_s
+            end_s = start_s + duration_s
+            return env.timeout(duration_s if env.now == start_s else end_s - env.now)
+
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
             if run is not None:
@@ -224,16 +231,12 @@ class _Cluster:
                 run.finish()
                 now = run.end_s
                 continue
-            plan = engine.schedule(now)
-            if plan is None:  # idle: sleep until a request is routed here
+            finished = yield from engine.step(now, wait)
+            if finished is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]
                 now = env.now
                 continue
-            result = engine.execute(plan)
-            end_s = now + result.duration_s
-            yield env.timeout(result.duration_s if env.now == now else end_s - env.now)
-            finished = engine.finish_step(plan, result, now)
             now = end_s
             if prefill:
                 for stand_in in finished:

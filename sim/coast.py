@@ -27,13 +27,9 @@ from collections.abc import Callable
 from itertools import accumulate
 
 from sim.core import BatchPlan, Request
-from sim.engine import Engine, step_record
+from sim.engine import Engine
 
 MAX_QUIET_STEPS = 32  # steps priced ahead at most (an arrival wastes the rest)
-
-
-def _no_room(request: Request, num_tokens: int, plan: BatchPlan) -> bool:
-    raise RuntimeError(f"a quiet step found no KV block for {request.request_id}")
 
 
 class QuietRun:
@@ -47,7 +43,7 @@ class QuietRun:
                  until: float = math.inf) -> None:
         self.engine, self.on_step, self.start_s = engine, on_step, start_s
         n, context, context_max = engine.scheduler.deferred.decode_totals()
-        price = getattr(engine.backend, "decode_steps_s", None)  # (sim.core.Backend)
+        price = engine.decode_run_price
         if price is not None:
             durations = price(n, context, num_steps)
         else:
@@ -87,33 +83,15 @@ class QuietRun:
         """Apply every step start and step end before `now` (an arrival at the instant a
         step ends is delivered first: that step is still in progress)."""
         engine, ends, first = self.engine, self.ends, self.ended
-        scheduler = engine.scheduler
-        deferred, bm = scheduler.deferred, scheduler.block_manager
         done = bisect.bisect_left(ends, now)  # steps that end before now
         if first < done:
-            allocate, update, cache_blocks = deferred.allocate, deferred.update, bm.cache_blocks
-            try_allocate, record, on_step = bm.try_allocate, engine.steps.append, self.on_step
-            durations, n, begun = self.durations, self.n, self.begun
             start = ends[first - 1] if first else self.start_s
-            for j in range(first, done):
-                if j >= begun:  # its new blocks, at its start
-                    allocate(try_allocate, _no_room, None)
-                end = ends[j]
-                finished = update(end, cache_blocks)  # (only at the run's last step)
-                if finished:
-                    scheduler.finish_deferred(finished, end)
-                    for request in finished:
-                        engine.backend.free(request)
-                record(step_record((start, durations[j], n, n, 0, n, 0, bm.num_used_blocks,
-                                    len(scheduler.waiting), len(scheduler.running), 0)))
-                start = end
-                if on_step is not None:
-                    on_step(end, finished)
+            engine.quiet_steps(start, self.durations, first, done, self.begun, self.on_step)
             self.ended = done
-            self.begun = max(begun, done)
+            self.begun = max(self.begun, done)
         # The step in progress at `now` began if the one before it ended before now.
         if self.begun == done < len(ends) and (ends[done - 1] if done else self.start_s) < now:
-            deferred.allocate(bm.try_allocate, _no_room, None)
+            engine.begin_quiet_step()
             self.begun = done + 1
 
     def cut(self, now: float) -> None:

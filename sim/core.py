@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class RequestStatus(enum.Enum):
@@ -183,9 +183,55 @@ class Backend(Protocol):
         """Forget per-request state (e.g. a sampling generator) once a request leaves."""
         ...
 
-    # Optional: `reads_rows = False` says execute needs only a plan's totals and samples no
-    # tokens, so the scheduler may leave decode rows out of the plan's lists (sim.deferred).
-    # A backend without the attribute gets every row. One with it may also offer
-    # `decode_steps_s(rows, context, num_steps) -> list[float]`: the durations execute would
-    # give a run of steps that only decode the same rows (AnalyticCostModel.decode_steps_s),
-    # for quiet runs (sim.coast) to price at once.
+
+
+# ---- optional capabilities: a backend has one when it has its member ----------------------
+
+
+@runtime_checkable
+class ReadsRows(Protocol):
+    """`reads_rows = False`: execute needs only a plan's totals and samples no tokens, so the
+    scheduler may leave decode rows out of the plan's lists (sim.deferred). Default: True."""
+
+    reads_rows: bool
+
+
+@runtime_checkable
+class PricesDecodeRuns(Protocol):
+    """The durations execute would give a run of num_steps steps that only decode the same
+    `rows` rows, of `context` KV tokens in all at the first (each step adds one per row):
+    quiet runs (sim.coast) price them at once. Default: one execute per step."""
+
+    def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]: ...
+
+
+@runtime_checkable
+class HasRequestOverhead(Protocol):
+    """A server's own path from the socket to its scheduler, in seconds (a calibration from
+    its URL measures it): the scheduler sees each request this much after it arrived.
+    Default: 0."""
+
+    request_overhead_s: float
+
+
+@runtime_checkable
+class HasRowKnots(Protocol):
+    """Batch sizes (sampled rows) at which a decode step's cost steps up (the executor's
+    kernels). Default: none."""
+
+    row_knots: tuple[int, ...]
+
+
+def reads_rows(backend: Backend) -> bool:
+    """Whether the backend reads a plan's rows (ReadsRows)."""
+    return backend.reads_rows if isinstance(backend, ReadsRows) else True
+
+
+def request_overhead_s(backend: Backend) -> float:
+    """The backend's request overhead in seconds (HasRequestOverhead)."""
+    return backend.request_overhead_s if isinstance(backend, HasRequestOverhead) else 0.0
+
+
+def row_knots(backend: Backend) -> tuple[int, ...]:
+    """The backend's row knots (HasRowKnots)."""
+    return backend.row_knots if isinstance(backend, HasRowKnots) else ()

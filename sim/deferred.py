@@ -81,7 +81,7 @@ class DeferredDecodes:
         rid = request.request_id
         del self.others[rid]
         start = self.step  # (update has moved the step on already)
-        k = request.prompt_len + len(request.token_times_s) - start
+        k = request.num_tokens - start
         key = self.keys[rid]
         row = _Row(request, key, start, k, num_shareable_blocks(request, self.block_size))
         self.rows[rid] = row

@@ -1,15 +1,19 @@
-"""The engine step, shared by every time driver: schedule -> execute -> update.
+"""The engine step, shared by every time driver: schedule -> execute -> wait -> update.
 
-The simulator, the measured run and the HTTP server differ only in how they tell time.
+`Engine.step` is the step of the simulator, the cluster, the measured run and the HTTP
+server's engine thread; they differ only in the `wait` they pass, that is, in how they let
+a step's time pass. `Engine.quiet_steps` applies steps of a run priced at once (sim.coast).
+They are the only places a StepRecord is made.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sim.core import Backend, BatchPlan, Request, StepResult
+from sim.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
 from sim.scheduler import Scheduler
 
 
@@ -30,9 +34,14 @@ class StepRecord(NamedTuple):
 
 
 # A record from the tuple of its fields, without NamedTuple's Python-level __new__ (the
-# replays make one per step).
-step_record = partial(tuple.__new__, StepRecord)
+# replays make one per step); only Engine._record calls it, with every field named.
+_step_record = partial(tuple.__new__, StepRecord)
 
+# How a driver lets a step's time pass, given the step's start and duration: the event its
+# event loop waits on before the step is applied (a SimPy timeout), or None to apply it at
+# once (a wall clock, whose backend already took the time; a simulator with no arrival
+# inside the step).
+Wait = Callable[[float, float], Any]
 
 @dataclass
 class Engine:
@@ -41,6 +50,14 @@ class Engine:
     scheduler: Scheduler
     backend: Backend
     steps: list[StepRecord] = field(default_factory=list)
+    # The backend's PricesDecodeRuns.decode_steps_s, None without it (quiet runs price
+    # their steps with it: resolved once, not per run).
+    decode_run_price: Callable[[int, int, int], list[float]] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        backend = self.backend
+        self.decode_run_price = (backend.decode_steps_s
+                                 if isinstance(backend, PricesDecodeRuns) else None)
 
     def add(self, request: Request) -> bool:
         """Queue a request; False if it was rejected (it can never fit)."""
@@ -58,7 +75,7 @@ class Engine:
     def defer_decodes(self) -> bool:
         """Let the scheduler keep decode rows out of the plans (sim.deferred) when the
         backend prices a plan from its totals alone; returns whether it does."""
-        if getattr(self.backend, "reads_rows", True):
+        if reads_rows(self.backend):
             return False
         return self.scheduler.defer_decodes()
 
@@ -66,18 +83,83 @@ class Engine:
         """Run (or price) the plan on the backend."""
         return self.backend.execute(plan)
 
+    def step(self, now: float, wait: Wait) -> Generator[Any, Any, list[Request] | None]:
+        """Plan, execute and apply the step that starts at `now`; `wait` lets its time pass.
+        A generator: a driver runs it with `yield from` (or run_now, on a wall clock).
+        Returns the requests it finished, None when there was nothing to run."""
+        plan = self.schedule(now)
+        if plan is None:
+            return None
+        result = self.backend.execute(plan)
+        event = wait(now, result.duration_s)
+        if event is not None:
+            yield event
+        return self.finish_step(plan, result, now)
+
     def finish_step(self, plan: BatchPlan, result: StepResult, start_s: float) -> list[Request]:
         """Apply a step that ended at start_s + duration: tokens, retirements, a record."""
-        end_s = start_s + result.duration_s
+        duration_s = result.duration_s
         scheduler = self.scheduler
-        finished = scheduler.update(plan, result, end_s)
+        finished = scheduler.update(plan, result, start_s + duration_s)
         for request in finished:
             self.backend.free(request)
-        padding = len(plan.padding)  # (the plan's properties, inlined: once per step)
-        self.steps.append(step_record((
-            start_s, result.duration_s, len(plan.requests) + plan.deferred_decodes + padding,
-            plan.prefill_tokens + plan.decode_seqs, plan.prefill_tokens, plan.decode_seqs,
-            padding, scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
-            len(scheduler.running), len(plan.preempted),
-        )))
+        # The record (the plan's properties inlined: once per step).
+        padding_rows, prefill_tokens, decode_seqs = (
+            len(plan.padding), plan.prefill_tokens, plan.decode_seqs)
+        self.steps.append(_step_record((  # StepRecord's fields, in order
+            start_s, duration_s, len(plan.requests) + plan.deferred_decodes + padding_rows,
+            prefill_tokens + decode_seqs, prefill_tokens, decode_seqs, padding_rows,
+            scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
+            len(scheduler.running), len(plan.preempted))))
         return finished
+
+    def quiet_steps(self, start_s: float, durations: list[float], first: int, last: int,
+                    begun: int, on_step: Callable[[float, list[Request]], None] | None
+                    ) -> None:
+        """Apply quiet steps first..last-1 of a run priced at once (sim.coast: each only
+        decodes the deferred rows; step j lasts durations[j] and starts at start_s, the end
+        of step first - 1): at the start of each not yet begun (j >= begun) the rows' new KV
+        blocks, at its end its token times, the rows it finished (the run's last step only)
+        and its record."""
+        scheduler = self.scheduler
+        deferred, bm = scheduler.deferred, scheduler.block_manager
+        allocate, try_allocate = deferred.allocate, bm.try_allocate
+        update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.append
+        batch_size = decode_seqs = num_tokens = len(deferred.rows)
+        prefill_tokens = padding_rows = num_preempted = 0
+        for j in range(first, last):
+            if j >= begun:
+                allocate(try_allocate, _no_room, None)
+            duration_s = durations[j]
+            end_s = start_s + duration_s
+            finished = update(end_s, cache_blocks)
+            if finished:
+                scheduler.finish_deferred(finished, end_s)
+                for request in finished:
+                    self.backend.free(request)
+            record(_step_record((  # StepRecord's fields, in order
+                start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
+                padding_rows, bm.num_used_blocks, len(scheduler.waiting),
+                len(scheduler.running), num_preempted)))
+            start_s = end_s
+            if on_step is not None:
+                on_step(end_s, finished)
+
+    def begin_quiet_step(self) -> None:
+        """Apply the start of a quiet step (sim.coast): the deferred rows' new KV blocks."""
+        deferred = self.scheduler.deferred
+        deferred.allocate(self.scheduler.block_manager.try_allocate, _no_room, None)
+
+
+def _no_room(request: Request, num_tokens: int, plan: BatchPlan) -> bool:
+    raise RuntimeError(f"a quiet step found no KV block for {request.request_id}")
+
+
+def run_now(step: Generator[Any, Any, list[Request] | None]) -> list[Request] | None:
+    """Run Engine.step on a clock whose wait never returns an event (a wall clock: the
+    backend's execute already took the step's time); its result."""
+    try:
+        next(step)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a wall-clock wait must not return an event")

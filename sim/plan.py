@@ -21,7 +21,7 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
     plan.num_scheduled_tokens[request.request_id] = n
     plan.requests.append(request)
     ctx = request.num_computed_tokens + n  # KV length attended over after this step
-    num_tokens = request.prompt_len + len(request.token_times_s)
+    num_tokens = request.num_tokens
     if ctx == num_tokens:
         plan.num_sampled += 1
     if n == 1 and ctx == num_tokens:
@@ -42,13 +42,20 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
 
 def add_padding(plan: BatchPlan, request: Request) -> None:
     """Static batching: a finished row computed as padding, one row over its whole KV and no
-    logits (the scheduler keeps these totals running across a batch's steps)."""
-    ctx = request.prompt_len + len(request.token_times_s)
-    plan.padding.append(request)
-    plan.decode_seqs += 1
-    plan.decode_context += ctx
-    if ctx > plan.decode_context_max:
-        plan.decode_context_max = ctx
+    logits."""
+    ctx = request.num_tokens
+    add_padding_rows(plan, [request], ctx, ctx)
+
+
+def add_padding_rows(plan: BatchPlan, rows: list[Request], context: int,
+                     context_max: int) -> None:
+    """Finished rows computed as padding, given the sum and the longest of their KV lengths
+    (static batching keeps those running across a batch's steps)."""
+    plan.padding.extend(rows)
+    plan.decode_seqs += len(rows)
+    plan.decode_context += context
+    if context_max > plan.decode_context_max:
+        plan.decode_context_max = context_max
 
 
 def add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
@@ -92,39 +99,47 @@ def add_running(plan: BatchPlan, running: list[Request], budget: int,
     then chunks of unfinished prefills (stall-free order); make_room finds KV as sequences
     grow (None when it was reserved up front). Returns the budget left."""
     partial: list[Request] = []
-    decodes: list[Request] = []
+    requests = plan.requests
     counts = plan.num_scheduled_tokens
+    first = len(requests)  # decodes from here on are not yet in the plan's totals
     context = 0
     context_max = plan.decode_context_max
-    # make_room may evict from the tail: iterate over a copy.
+    # make_room may evict any running request the waiting queue names: iterate over a copy.
     for request in running.copy() if make_room else running:
         if request.status is not _RUNNING:
             continue  # evicted earlier in this loop
-        num_tokens = request.prompt_len + len(request.token_times_s)
+        num_tokens = request.prompt_len + len(request.token_times_s)  # (num_tokens, inlined)
         if num_tokens - request.num_computed_tokens != 1:
             partial.append(request)
             continue
         if budget < 1:
             break
         # A decode holds KV for num_tokens - 1 tokens, so it can need a new block only when
-        # those fill their last block. Victims come from the tail, which this loop has not
-        # reached yet: `decodes` never holds an evicted request.
-        if (make_room and (num_tokens - 1) % block_size == 0
-                and not make_room(request, num_tokens, plan)):
-            continue
-        decodes.append(request)
+        # those fill their last block. The totals so far go into the plan first: a victim
+        # may be a decode scheduled above, which eviction takes back out of the plan.
+        if make_room and (num_tokens - 1) % block_size == 0:
+            _add_decode_totals(plan, len(requests) - first, context, context_max)
+            first, context = len(requests), 0
+            if not make_room(request, num_tokens, plan):
+                continue
+            context_max = plan.decode_context_max
+        requests.append(request)
         counts[request.request_id] = 1
         context += num_tokens
         if num_tokens > context_max:
             context_max = num_tokens
         budget -= 1
-    if decodes:  # add_decodes' totals, accumulated in the loop above
-        plan.requests.extend(decodes)
-        plan.decode_seqs += len(decodes)
-        plan.num_sampled += len(decodes)
+    _add_decode_totals(plan, len(requests) - first, context, context_max)
+    return add_chunks(plan, partial, budget, make_room)
+
+
+def _add_decode_totals(plan: BatchPlan, num: int, context: int, context_max: int) -> None:
+    """add_decodes' totals for num decodes already listed, accumulated by add_running."""
+    if num:
+        plan.decode_seqs += num
+        plan.num_sampled += num
         plan.decode_context += context
         plan.decode_context_max = context_max
-    return add_chunks(plan, partial, budget, make_room)
 
 
 def add_chunks(plan: BatchPlan, partial: list[Request], budget: int,

@@ -12,6 +12,11 @@ The batching policy decides how a step is packed; the queue decides who goes fir
   exp(noise x N(0, 1)), drawn per request from its id (noise 0: an oracle).
 Aging bounds starvation in every order: once a request has waited `aging_s`, no request
 that arrived after it is admitted before it (the overdue are served in arrival order).
+
+A queue also names the eviction victim when KV runs short: the running request it would
+serve last (the newest under fcfs and sjf, the newest of the lowest priority class, the
+newest of the tenant furthest over its fair share), so that eviction never undoes the order
+the queue just chose.
 """
 
 from __future__ import annotations
@@ -20,19 +25,48 @@ import hashlib
 import heapq
 import itertools
 import math
+from bisect import insort_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from sim.core import Request
-from sim.scheduler_config import QUEUES
+from sim.core import BatchPlan, Request
+
+QUEUES = ("fcfs", "priority", "fair", "sjf")  # the `--queue` orders (make_queue)
 
 FAIR_INPUT_WEIGHT = 1.0  # VTC's weight of a prompt token served
 FAIR_OUTPUT_WEIGHT = 2.0  # and of an output token (decode costs more per token)
 
 
-class FcfsQueue(deque):
+class _RunningOrder:
+    """What every queue does with the running batch unless it orders it otherwise."""
+
+    # Whether running stays sorted by priority (then admission) rather than by admission.
+    sorts_running = False
+    allows_deferral = True  # keeps no per-row state a deferred decode would miss
+
+    def place(self, running: list[Request], request: Request) -> None:
+        """Put a request admitted now into the running batch."""
+        running.append(request)
+
+    def victim(self, running: list[Request]) -> Request:
+        """The running request to evict first: the one this queue would serve last."""
+        return running[-1]  # the newest admitted
+
+    def preempts(self, request: Request, victim: Request) -> bool:  # noqa: ARG002
+        """Whether waiting `request` may evict running `victim` to be admitted."""
+        return False
+
+    # Counts the service of a step about to be applied; None: this order keeps none (only
+    # a fair queue does).
+    charge_step: Callable[[BatchPlan], None] | None = None
+
+    def forget(self, request: Request) -> None:
+        """request finished: drop what the queue kept about it."""
+
+
+class FcfsQueue(_RunningOrder, deque):
     """Arrival order: a deque, so the common case costs what it always did."""
 
     def head(self, now: float) -> Request | None:  # noqa: ARG002 - same signature as the rest
@@ -44,7 +78,7 @@ class FcfsQueue(deque):
         self.popleft()
 
 
-class _AgedQueue:
+class _AgedQueue(_RunningOrder):
     """A queue with its own order plus arrival-order aging; entries are removed lazily."""
 
     def __init__(self, aging_s: float) -> None:
@@ -116,6 +150,19 @@ class KeyedQueue(_AgedQueue):
         super().__init__(aging_s)
         self.order, self.sjf_noise = order, sjf_noise
         self._heap: list[tuple[float, float, int, Request]] = []
+        # Under priority the running batch stays sorted by priority (stable), so its tail,
+        # the victim, is the newest of the lowest class.
+        self.sorts_running = order == "priority"
+
+    def place(self, running: list[Request], request: Request) -> None:
+        if self.sorts_running:
+            insort_right(running, request, key=_priority)
+        else:
+            running.append(request)
+
+    def preempts(self, request: Request, victim: Request) -> bool:
+        """Under priority, a request of a strictly higher class may evict (vLLM's rule)."""
+        return self.sorts_running and victim.priority > request.priority
 
     def _add(self, number: int, request: Request, front: bool) -> None:
         entry = (self._key(request), request.arrival_s, number, request)
@@ -137,10 +184,15 @@ class KeyedQueue(_AgedQueue):
 class FairQueue(_AgedQueue):
     """Virtual Token Counter over tenants; arrival order within a tenant."""
 
+    allows_deferral = False  # it charges every row's tokens each step
+
     def __init__(self, aging_s: float) -> None:
         super().__init__(aging_s)
         self.counters: dict[str, float] = {}  # tenant -> weighted tokens served
         self._tenants: dict[str, deque[tuple[int, Request]]] = {}
+        # request id -> the sequence length already charged: a request recomputed after
+        # eviction is not charged again for tokens it had been served once.
+        self._served: dict[str, int] = {}
 
     def _add(self, number: int, request: Request, front: bool) -> None:
         tenant = request.tenant
@@ -166,12 +218,38 @@ class FairQueue(_AgedQueue):
         tenant = min(waiting, key=lambda t: self.counters.get(t, 0.0))
         return self._tenants[tenant][0][1]
 
+    def victim(self, running: list[Request]) -> Request:
+        """The newest running request of the tenant with the largest counter."""
+        counters = self.counters
+        victim, most = running[-1], -math.inf
+        for request in reversed(running):
+            counter = counters.get(request.tenant, 0.0)
+            if counter > most:
+                victim, most = request, counter
+        return victim
+
+    def charge_step(self, plan: BatchPlan) -> None:  # type: ignore[override] - (the hook)
+        for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
+            self.charge(request, n)
+
     def charge(self, request: Request, num_tokens: int) -> None:
-        """Count num_tokens computed for request, from its num_computed_tokens on."""
-        start = request.num_computed_tokens
-        prompt = max(0, min(start + num_tokens, request.prompt_len) - start)
-        cost = FAIR_INPUT_WEIGHT * prompt + FAIR_OUTPUT_WEIGHT * (num_tokens - prompt)
+        """Count num_tokens computed for request, from its num_computed_tokens on, less
+        the tokens it had been served before an eviction made it compute them again."""
+        end = request.num_computed_tokens + num_tokens
+        start = max(request.num_computed_tokens, self._served.get(request.request_id, 0))
+        if end <= start:
+            return
+        self._served[request.request_id] = end
+        prompt = max(0, min(end, request.prompt_len) - start)
+        cost = FAIR_INPUT_WEIGHT * prompt + FAIR_OUTPUT_WEIGHT * (end - start - prompt)
         self.counters[request.tenant] = self.counters.get(request.tenant, 0.0) + cost
+
+    def forget(self, request: Request) -> None:
+        self._served.pop(request.request_id, None)
+
+
+def _priority(request: Request) -> int:
+    return request.priority
 
 
 def predicted_output_len(request: Request, noise: float) -> float:
@@ -184,8 +262,10 @@ def predicted_output_len(request: Request, noise: float) -> float:
     return request.max_new_tokens * math.exp(noise * z)
 
 
-def make_queue(order: str, aging_s: float, sjf_noise: float = 0.0
-               ) -> FcfsQueue | KeyedQueue | FairQueue:
+WaitingQueue = FcfsQueue | KeyedQueue | FairQueue
+
+
+def make_queue(order: str, aging_s: float, sjf_noise: float = 0.0) -> WaitingQueue:
     """The waiting queue for `--queue order`."""
     if order == "fcfs":
         return FcfsQueue()

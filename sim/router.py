@@ -1,4 +1,4 @@
-"""The router in front of a cluster's replicas: one component, four configurations.
+"""The router in front of a cluster's replicas: one component, four policies (ROUTER_POLICIES).
 
 A router sees a request and a snapshot of each replica's load (and, for the prefix-aware
 router, how much of the request's prompt each replica's prefix cache holds) and returns a
@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
-
-ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware")
 
 
 class ReplicaLoad(NamedTuple):
@@ -59,50 +57,47 @@ class Router:
 
     def __init__(self, config: RouterConfig | str = "round-robin") -> None:
         self.config = RouterConfig(config) if isinstance(config, str) else config
+        self.policy = ROUTER_POLICIES[self.config.name]()
         self._turn = 0  # where the next tie-break (or round-robin) scan starts
 
     @property
     def needs_loads(self) -> bool:
         """False for round-robin, which needs no snapshot (the caller may skip building it)."""
-        return self.config.name != "round-robin"
+        return self.policy.needs_loads
 
     @property
     def needs_kv(self) -> bool:
         """True when ReplicaLoad.kv_usage must be filled in."""
-        return self.config.name in ("least-kv", "prefix-aware")
+        return self.policy.needs_kv
 
     @property
     def needs_prefix(self) -> bool:
         """True when ReplicaLoad.cached_tokens must be filled in."""
-        return self.config.name == "prefix-aware"
+        return self.policy.needs_prefix
+
+    @property
+    def needs_counts_only(self) -> bool:
+        """True when each replica's running + waiting count is all it reads (least_queued
+        takes those instead of whole snapshots)."""
+        return self.policy.needs_counts_only
 
     def choose(self, prompt_len: int, loads: Sequence[ReplicaLoad] | int) -> int:
         """The replica for a request of prompt_len tokens; `loads` is one snapshot per
         replica, or just the replica count for round-robin."""
-        name = self.config.name
-        if name == "least-requests" and not isinstance(loads, int):
-            return self.least_queued([load[0] + load[1] for load in loads])  # running + waiting
-        start = self._next_turn(loads if isinstance(loads, int) else len(loads))
-        if name == "round-robin":
-            return start
-        assert not isinstance(loads, int), f"router {name} needs a load snapshot"
-        order = [*range(start, len(loads)), *range(start)]
-        if name == "least-kv":
-            return min(order, key=lambda i: (loads[i].kv_usage, loads[i].num_requests))
-        scores = self.scores(prompt_len, loads)
-        return max(order, key=scores.__getitem__)
+        return self.policy.choose(self, prompt_len, loads)
 
     def least_queued(self, queued: Sequence[int]) -> int:
         """least-requests from each replica's running + waiting count alone (a cluster
         passes these instead of whole snapshots): the fewest, ties in turn."""
-        start = self._next_turn(len(queued))
+        start = self.next_turn(len(queued))
         fewest = min(queued)
         try:  # the first fewest at or after `start`, else the first before it
             return queued.index(fewest, start)
         except ValueError:
             return queued.index(fewest)
 
-    def _next_turn(self, num: int) -> int:
+    def next_turn(self, num: int) -> int:
+        """Where this request's scan of num replicas starts (round-robin: its replica)."""
         if num < 1:
             raise ValueError("router: no replicas to choose from")
         start = self._turn % num
@@ -121,3 +116,68 @@ class Router:
             + cfg.kv_weight * (1.0 - load.kv_usage)
             for load, q in zip(loads, queued, strict=True)
         ]
+
+
+class RoundRobin:
+    """Each replica in turn, whatever its load."""
+
+    needs_loads = needs_kv = needs_prefix = needs_counts_only = False
+
+    def choose(self, router: Router, prompt_len: int,  # noqa: ARG002 - the common signature
+               loads: Sequence[ReplicaLoad] | int) -> int:
+        return router.next_turn(loads if isinstance(loads, int) else len(loads))
+
+
+class LeastRequests:
+    """The fewest running + waiting requests (SGLang's and vLLM's production-stack default)."""
+
+    needs_loads = needs_counts_only = True
+    needs_kv = needs_prefix = False
+
+    def choose(self, router: Router, prompt_len: int,  # noqa: ARG002 - the common signature
+               loads: Sequence[ReplicaLoad] | int) -> int:
+        if isinstance(loads, int):
+            raise ValueError("router least-requests needs a load snapshot")
+        return router.least_queued([load[0] + load[1] for load in loads])  # running + waiting
+
+
+class LeastKv:
+    """The least KV in use, then the fewest requests; ties in turn."""
+
+    needs_loads = needs_kv = True
+    needs_prefix = needs_counts_only = False
+
+    def choose(self, router: Router, prompt_len: int,  # noqa: ARG002 - the common signature
+               loads: Sequence[ReplicaLoad] | int) -> int:
+        order = _turn_order(router, loads, "least-kv")
+        return min(order, key=lambda i: (loads[i].kv_usage, loads[i].num_requests))
+
+
+class PrefixAware:
+    """The best of cache affinity, queue and free KV (RouterConfig's weights)."""
+
+    needs_loads = needs_kv = needs_prefix = True
+    needs_counts_only = False
+
+    def choose(self, router: Router, prompt_len: int,
+               loads: Sequence[ReplicaLoad] | int) -> int:
+        order = _turn_order(router, loads, "prefix-aware")
+        scores = router.scores(prompt_len, loads)
+        return max(order, key=scores.__getitem__)
+
+
+def _turn_order(router: Router, loads: Sequence[ReplicaLoad] | int, name: str) -> list[int]:
+    """Replica indices from this request's turn on (the order ties are broken in)."""
+    start = router.next_turn(loads if isinstance(loads, int) else len(loads))
+    assert not isinstance(loads, int), f"router {name} needs a load snapshot"
+    return [*range(start, len(loads)), *range(start)]
+
+
+# --router name -> policy; a new router is a class above and a line here.
+ROUTER_POLICIES: dict[str, type[RoundRobin | LeastRequests | LeastKv | PrefixAware]] = {
+    "round-robin": RoundRobin,
+    "least-requests": LeastRequests,
+    "least-kv": LeastKv,
+    "prefix-aware": PrefixAware,
+}
+ROUTERS = tuple(ROUTER_POLICIES)

@@ -1,22 +1,24 @@
-"""One Scheduler; the four policies are configurations of it.
+"""One Scheduler, composed from parts: a waiting queue, a batching policy, an eviction mechanism.
 
 There is no prefill phase or decode phase: each request has `num_computed_tokens`, and each
 step hands out tokens from one budget so every running request catches up with its sequence.
 A request samples a token in the step that completes its sequence, so a newly admitted one
 gets its first token from prefill and the running ones advance exactly one token per step.
+The waiting queue (sim.queues) orders admissions and names eviction victims, the batching
+policy (sim.batching, sim.policies) plans each step through the steps offered here, and the
+eviction mechanism (sim.eviction) decides what becomes of a victim's KV.
 """
 
 from __future__ import annotations
 
-import bisect
-
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
 from sim.deferred import DeferredDecodes
+from sim.eviction import EVICTIONS
 from sim.plan import add_chunks, add_running, add_to_plan, remove_from_plan
+from sim.policies import BATCHING
 from sim.queues import make_queue
 from sim.scheduler_config import POLICIES, SchedulerConfig
-from sim.static_padding import Padding, schedule_static
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
 
@@ -30,19 +32,21 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self._swap = config.preemption == "swap"
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
-                                          config.enable_prefix_caching,
-                                          config.swap_space_blocks if self._swap else 0)
+                                          config.enable_prefix_caching, config.num_host_blocks)
         # In --queue order (sim.queues); preempted requests go back to the front.
         self.waiting = make_queue(config.queue, config.queue_aging_s, config.sjf_noise)
-        # Under `priority` running stays sorted by priority (stable): the tail, which
-        # preemption evicts, is the newest of the lowest class.
-        self._priority = config.queue == "priority"
-        self._fair = config.queue == "fair"
-        self.running: list[Request] = []  # admission order: the newest is evicted first
+        self.batching = BATCHING[config.policy]()
+        self.eviction = EVICTIONS[config.preemption](self.block_manager)
+        # The parts' per-step methods, bound once (each is called every step); the optional
+        # ones are None where a part has nothing to do.
+        self._before_step, self._plan_step = self.eviction.before_step, self.batching.schedule
+        self._charge, self._hold = self.waiting.charge_step, self.batching.hold
+        self._returned = self.batching.returned
+        # In the order the waiting queue keeps it (admission order, or priority then
+        # admission): the queue names eviction victims from it.
+        self.running: list[Request] = []
         self.num_preemptions = 0
-        self.num_swapped_out = 0  # preemptions that kept the victim's KV in host memory
         # Prefix cache lookups at admission, in tokens, as vLLM counts them: every admission
         # (a recompute after preemption too) queries its whole sequence.
         self.prefix_cache_queries = 0
@@ -50,10 +54,6 @@ class Scheduler:
         self._caching = config.enable_prefix_caching
         self._live: dict[str, Request] = {}  # unfinished requests by id
         self._budget = config.budget
-        self._chunked = config.policy == "chunked"
-        self._static = config.policy == "static"
-        self._reserve = config.reserves_full
-        self._padding = Padding()  # static batching's finished rows
         self._deferred: DeferredDecodes | None = None  # see defer_decodes
         # A P/D prefill engine keeps a finished request's KV until its transfer is done
         # (release_kv), as vLLM's P/D connectors free a block only once it has been sent.
@@ -62,13 +62,31 @@ class Scheduler:
     def defer_decodes(self) -> bool:
         """Keep decode rows out of the plans' row lists (sim.deferred): for a backend that
         prices a plan from its totals and samples no tokens. Returns whether it is on: not
-        for static batching, swap or fair queues, whose per-row work it does not model."""
+        when a part does per-row work it does not model (static batching's padding, swap's
+        copies, a fair queue's charges)."""
         if self._live:
             raise RuntimeError("defer_decodes must be set before the first request")
-        if not (self._static or self._swap or self._fair):
-            self._deferred = DeferredDecodes(self.block_manager.block_size, not self._reserve,
-                                             self._caching, self._priority)
+        if (self.batching.allows_deferral and self.eviction.allows_deferral
+                and self.waiting.allows_deferral):
+            self._deferred = DeferredDecodes(
+                self.block_manager.block_size, not self.batching.reserves_full, self._caching,
+                self.waiting.sorts_running)
         return self.deferring
+
+    @property
+    def num_swapped_out(self) -> int:
+        """Preemptions that kept the victim's KV in host memory (--preemption swap)."""
+        return self.eviction.num_swapped_out
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Most requests running at once."""
+        return self.config.max_num_seqs
+
+    @property
+    def held_rows(self) -> list[Request]:
+        """Finished requests that still hold KV in the batch (static batching's padding)."""
+        return self.batching.held_rows
 
     @property
     def deferring(self) -> bool:
@@ -122,9 +140,8 @@ class Scheduler:
         now = now if now is not None else request.arrival_s
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            if self._static:  # like any finished row: padding, KV held until the batch ends
+            if self.batching.hold(request, reason):  # like any finished row of its batch
                 del self._live[request_id]
-                self._padding.add(request, reason)
                 request.finish_s = now
                 return request
         else:
@@ -143,99 +160,95 @@ class Scheduler:
     def schedule(self, now: float) -> BatchPlan:
         """Decide what the next step computes (an empty plan if there is nothing to do)."""
         plan = BatchPlan()
-        if self._swap:
-            self.block_manager.settle_swaps()
-        if self._static:
-            schedule_static(self, plan, now)
-            return plan
+        if self._before_step is not None:
+            self._before_step()
+        self._plan_step(self, plan, now)
+        return plan
+
+    def schedule_running(self, plan: BatchPlan, on_demand: bool) -> int:
+        """Schedule the running requests from the step's token budget, in running order
+        (sim.plan.add_running); on_demand: find KV as sequences grow, evicting when the
+        pool is short. Returns the budget left."""
         deferred = self._deferred
-        make_room = None if self._reserve else self._make_room
+        make_room = self._make_room if on_demand else None
         if deferred:
             budget = self._budget - deferred.schedule(plan, self.block_manager.try_allocate,
                                                       self._make_room)
             if deferred.others:
                 budget = add_chunks(plan, deferred.running_others(), budget, make_room)
-        else:
-            budget = add_running(plan, self.running, self._budget, make_room,
-                                 self.block_manager.block_size)
-        if self.waiting and not plan.preempted:
-            self._admit(plan, budget, now)
-        return plan
+            return budget
+        return add_running(plan, self.running, self._budget, make_room,
+                           self.block_manager.block_size)
 
     def _make_room(self, request: Request, num_tokens: int, plan: BatchPlan) -> bool:
-        """Allocate KV up to num_tokens, evicting the newest running requests if needed.
-
-        Returns False when `request` itself had to be evicted (it was the newest).
-        """
+        """Allocate KV up to num_tokens, evicting the running requests the waiting queue
+        would serve last if needed. Returns False when `request` itself was evicted."""
         try_allocate = self.block_manager.try_allocate
         rid = request.request_id
+        victim_of = self.waiting.victim
         while not try_allocate(rid, num_tokens):
-            victim = self.running[-1]
+            victim = victim_of(self.running)
             self._preempt(victim, plan)
             if victim is request:
                 return False
         return True
 
     def _preempt(self, victim: Request, plan: BatchPlan) -> None:
-        """Evict the tail: its KV goes to host memory (swap, while the host pool has room)
-        or is dropped (recompute); either way it goes back to the front of the queue."""
-        self.running.pop()
+        """Evict a running request: the eviction mechanism keeps or drops its KV; either way
+        it goes back to the front of the queue."""
+        running = self.running
+        if running[-1] is victim:
+            running.pop()
+        else:
+            running.remove(victim)
         if self._deferred:  # a deferred row catches up (and leaves this step's totals)
             self._deferred.leave(victim, plan)
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
             remove_from_plan(plan, victim, n)
-        bm, computed = self.block_manager, victim.num_computed_tokens
-        if self._swap and computed and bm.can_swap_out(computed):
-            plan.swap_out.append((victim.request_id, *bm.swap_out(victim.request_id, computed)))
-            plan.swap_tokens += computed
-            self.num_swapped_out += 1
-        else:
-            if self._caching:  # its recompute may find the blocks it computed
-                bm.cache_blocks(victim, computed, own=True)
-            bm.free(victim.request_id)
-            victim.num_computed_tokens = 0
+        self.eviction.evict(victim, plan)
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
         plan.preempted.append(victim.request_id)
 
-    def _admit(self, plan: BatchPlan, budget: int, now: float) -> None:
-        """Move waiting requests to running in queue order while slots, budget and KV allow."""
-        bm = self.block_manager
+    def admit(self, plan: BatchPlan, budget: int, now: float, reserve: bool,
+              split: bool) -> None:
+        """Move waiting requests to running in queue order while slots, budget and KV allow
+        (reserve: KV for prompt + max_new_tokens up front; split: the last admitted may get
+        a partial chunk of its prompt)."""
+        bm, eviction = self.block_manager, self.eviction
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
         while waiting and budget > 0:
             request = waiting.head(now)
             if len(self.running) >= max_seqs and not self._preempt_for(request, plan, now):
                 break
-            swapped = self._swap and bm.holds_swapped(request.request_id)
+            swapped = eviction.holds(request)
             prefix = bm.cached_prefix(request) if self._caching and not swapped else ()
             hit = len(prefix) * bm.block_size
             cached = (request.num_computed_tokens if swapped
                       else max(hit, request.num_external_tokens))
             n = request.num_tokens - cached
             if n > budget:
-                if not self._chunked:
+                if not split:
                     break  # the head waits for a step with room for its whole prompt
                 n = budget
-            need = request.prompt_len + request.max_new_tokens if self._reserve else cached + n
-            moved = bm.swap_in(request.request_id, need) if swapped else None
-            if not (moved if swapped else bm.try_allocate(request.request_id, need, prefix)):
+            need = request.prompt_len + request.max_new_tokens if reserve else cached + n
+            # A held request's KV comes back from host memory before this step's forward.
+            if not (eviction.restore(request, need, plan) if swapped
+                    else bm.try_allocate(request.request_id, need, prefix)):
                 if self._preempt_for(request, plan, now):
                     continue
                 break
-            if moved:  # its KV comes back from host memory before this step's forward
-                plan.swap_in.append((request.request_id, *moved))
-                plan.swap_tokens += cached
             waiting.take(request)
-            self._start(request, plan, now, cached, hit)
+            self.start(request, plan, now, cached, hit)
             add_to_plan(plan, request, n)
             budget -= n
 
-    def _start(self, request: Request, plan: BatchPlan, now: float, cached: int,
+    def start(self, request: Request, plan: BatchPlan, now: float, cached: int,
                hit: int) -> None:
         """Running from now with the KV of its first `cached` tokens: `hit` of them found in
         the prefix cache, the rest handed over from outside (num_external_tokens)."""
@@ -248,24 +261,22 @@ class Scheduler:
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now
             request.num_cached_tokens = hit
-        if self._priority:
-            bisect.insort_right(self.running, request, key=lambda r: r.priority)
-        else:
-            self.running.append(request)
+        self.waiting.place(self.running, request)
         if self._deferred:
             self._deferred.started(request)
         plan.admitted.append(request.request_id)
 
     def _preempt_for(self, request: Request, plan: BatchPlan, now: float) -> bool:
-        """Under `priority`, evict the lowest-priority running request to make room for a
-        waiting one of strictly higher priority; False (nothing done) otherwise. Neither a
-        request admitted this step (it would be admitted and evicted over and over) nor an
-        overdue one (a stream of higher classes would evict it forever) is evicted."""
+        """Evict the running request the queue would serve last to make room for a waiting
+        one, where the queue allows it (under `priority`: a strictly higher class); False
+        (nothing done) otherwise. Neither a request admitted this step (it would be admitted
+        and evicted over and over) nor an overdue one (a stream of higher classes would
+        evict it forever) is evicted."""
         running = self.running
-        if not self._priority or not running:
+        if not running:
             return False
-        victim = running[-1]
-        if (victim.priority <= request.priority or victim.request_id in plan.admitted
+        victim = self.waiting.victim(running)
+        if (not self.waiting.preempts(request, victim) or victim.request_id in plan.admitted
                 or now - victim.arrival_s >= self.config.queue_aging_s):
             return False
         self._preempt(victim, plan)
@@ -277,7 +288,7 @@ class Scheduler:
         """Apply a finished step at time `now`: new tokens, retirements. Returns finished."""
         sampled = result.sampled_token_ids
         finished: list[Request] = []
-        static = self._static
+        hold = self._hold
         block_size = self.block_manager.block_size
         cache_blocks = self.block_manager.cache_blocks if self._caching else None
         deferred = self._deferred
@@ -287,9 +298,9 @@ class Scheduler:
             finished = deferred.update(now, self.block_manager.cache_blocks)
             for request in finished:
                 self._finish(request, FinishReason.LENGTH, now)
-        if self._fair:  # service counted before the step's tokens are applied
-            for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
-                self.waiting.charge(request, n)
+        # Service counted before the step's tokens are applied (a fair queue keeps it).
+        if self._charge is not None:
+            self._charge(plan)
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             computed = request.num_computed_tokens + n
@@ -297,9 +308,10 @@ class Scheduler:
             if cache_blocks and computed // block_size != (computed - n) // block_size:
                 cache_blocks(request, computed)  # blocks filled this step join the cache
             times = request.token_times_s
-            if computed != request.prompt_len + len(times):
+            num_tokens = request.prompt_len + len(times)  # (Request.num_tokens, inlined)
+            if computed != num_tokens:
                 # a prefill chunk that did not reach the end of the sequence
-                if deferred and computed + 1 == request.prompt_len + len(times):
+                if deferred and computed + 1 == num_tokens:
                     deferred.defer(request)  # its last prompt token: computed as a decode
                 continue
             times.append(now)
@@ -319,24 +331,21 @@ class Scheduler:
                     continue
                 reason = FinishReason.LENGTH
             finished.append(request)
-            if static:  # the row stays in the batch as padding (sim.static_padding)
+            if hold(request, reason):  # it stays in the batch (static batching's padding)
                 del self._live[request.request_id]
-                self._padding.add(request, reason)
             else:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
-        if self._static:  # rows are returned together, when the batch ends
-            if not self.running and self._padding.rows:
-                return self._padding.release(now, self.block_manager)
-            return []
-        return finished
+        returned = self._returned
+        return finished if returned is None else returned(self, finished, now)
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = now
         self._live.pop(request.request_id, None)
+        self.waiting.forget(request)
         if self._deferred:
             self._deferred.leave(request)
         if self.block_manager.holds(request.request_id) and not (

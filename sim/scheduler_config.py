@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POLICIES = ("static", "continuous", "recompute", "chunked")
-QUEUES = ("fcfs", "priority", "fair", "sjf")  # sim.queues implements them
-PREEMPTION_MODES = ("recompute", "swap")
+from sim.eviction import EVICTIONS
+from sim.policies import BATCHING
+from sim.queues import QUEUES
+
+POLICIES = tuple(BATCHING)  # static, continuous, recompute, chunked
+PREEMPTION_MODES = tuple(EVICTIONS)  # recompute, swap
 DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
 
 
@@ -57,12 +60,13 @@ class SchedulerConfig:
         if self.token_budget is not None:
             if self.token_budget < 1:
                 raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
-            if self.policy != "static" and self.token_budget < self.max_num_seqs:
+            batching = BATCHING[self.policy]
+            if batching.budgeted and self.token_budget < self.max_num_seqs:
                 raise ValueError(
                     f"token_budget {self.token_budget} < max_num_seqs {self.max_num_seqs}: "
                     "every running request must be able to decode each step"
                 )
-            whole_prompts = self.policy in ("continuous", "recompute")
+            whole_prompts = batching.budgeted and not batching.splits_prompts
             if whole_prompts and self.token_budget < self.max_model_len:
                 raise ValueError(
                     f"token_budget {self.token_budget} < max_model_len {self.max_model_len}: "
@@ -84,9 +88,16 @@ class SchedulerConfig:
         """The resolved per-step token budget."""
         if self.token_budget is not None:
             return self.token_budget
-        return DEFAULT_CHUNKED_BUDGET if self.policy == "chunked" else self.max_model_len
+        if BATCHING[self.policy].splits_prompts:
+            return DEFAULT_CHUNKED_BUDGET
+        return self.max_model_len
 
     @property
     def reserves_full(self) -> bool:
         """Admission reserves prompt + max_new_tokens up front (slot-like KV)."""
-        return self.policy in ("static", "continuous")
+        return BATCHING[self.policy].reserves_full
+
+    @property
+    def num_host_blocks(self) -> int:
+        """The host pool swapped-out KV may use: swap_space_blocks under swap, else none."""
+        return self.swap_space_blocks if self.preemption == "swap" else 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import simpy
 
 from sim.coast import QuietRun
-from sim.core import Request
+from sim.core import Request, request_overhead_s
 from sim.engine import Engine, StepRecord
 
 
@@ -90,9 +90,17 @@ class _Replay:
         self.env, self.requests, self.engine, self.on_step = env, requests, engine, on_step
         self.wake: list[simpy.Event] = []  # the event an idle engine sleeps on, if any
         self.arrived = 0
+        self.end_s = 0.0  # when the step in progress ends (the engine's clock)
         # A server's own path from the socket to its scheduler (a calibration from its URL
         # measures it): the scheduler sees each request this much after it arrived.
-        self.delay_s = getattr(engine.backend, "request_overhead_s", 0.0)
+        self.delay_s = request_overhead_s(engine.backend)
+        self.next_arrival_s = math.inf  # when the scheduler sees the next request
+        self._set_next_arrival()
+
+    def _set_next_arrival(self) -> None:
+        requests, arrived = self.requests, self.arrived
+        self.next_arrival_s = (requests[arrived].arrival_s + self.delay_s
+                               if arrived < len(requests) else math.inf)
 
     def arrivals(self):
         env = self.env
@@ -102,6 +110,7 @@ class _Replay:
                 yield env.timeout(delay)
             self.engine.add(request)
             self.arrived += 1
+            self._set_next_arrival()
             if self.wake:
                 self.wake.pop().succeed()
 
@@ -112,8 +121,7 @@ class _Replay:
         coasts = scheduler.deferring
         now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
         while True:
-            arrival = (requests[self.arrived].arrival_s + self.delay_s
-                       if self.arrived < num_requests else math.inf)
+            arrival = self.next_arrival_s
             # Quiet steps (sim.coast), up to the one in progress when the next request arrives.
             run = QuietRun.start(engine, now, self.on_step, arrival) if coasts else None
             if run is not None:
@@ -123,8 +131,8 @@ class _Replay:
                 run.finish()
                 now = run.end_s
                 continue
-            plan = engine.schedule(now)
-            if plan is None:
+            finished = yield from engine.step(now, self.wait)
+            if finished is None:
                 if now > env.now:  # catch SimPy up before sleeping
                     yield env.timeout(now - env.now)
                     continue
@@ -138,15 +146,16 @@ class _Replay:
                 yield self.wake[-1]
                 now = env.now
                 continue
-            result = engine.execute(plan)
-            end_s = now + result.duration_s
-            # Only an arrival changes what the scheduler decides next, so steps run back
-            # to back without a SimPy event each until one lands within a step; then SimPy
-            # delivers it (and any before it) first, as if every step had been an event.
-            if (self.arrived < num_requests
-                    and requests[self.arrived].arrival_s + self.delay_s <= end_s):
-                yield env.timeout(max(0.0, end_s - env.now))
-            finished = engine.finish_step(plan, result, now)
-            now = end_s
+            now = self.end_s
             if self.on_step is not None:
                 self.on_step(now, finished)
+
+    def wait(self, start_s: float, duration_s: float) -> simpy.Event | None:
+        """A step's wait (sim.engine.Wait). Only an arrival changes what the scheduler decides
+        next, so steps run back to back without a SimPy event each until one lands within a
+        step; then SimPy delivers it (and any before it) first, as if every step had been an
+        event."""
+        end_s = self.end_s = start_s + duration_s
+        if self.next_arrival_s <= end_s:
+            return self.env.timeout(max(0.0, end_s - self.env.now))
+        return None

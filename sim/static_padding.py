@@ -3,38 +3,61 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from sim.batching import SchedulerSteps
 from sim.block_manager import BlockManager
 from sim.core import BatchPlan, FinishReason, Request, RequestStatus
-from sim.plan import add_decodes, add_to_plan
-
-if TYPE_CHECKING:
-    from sim.scheduler import Scheduler
+from sim.plan import add_decodes, add_padding_rows, add_to_plan
 
 
-def schedule_static(scheduler: Scheduler, plan: BatchPlan, now: float) -> None:
-    """Batch at a time: a new batch only once every row of the last one finished (the
-    Scheduler's static policy; it reserves prompt + max_new_tokens per request)."""
-    running, waiting, padding = scheduler.running, scheduler.waiting, scheduler._padding
-    if not running and not padding.rows:
-        bm = scheduler.block_manager
-        while waiting and len(running) < scheduler.config.max_num_seqs:
-            request = waiting.head(now)
-            prefix = bm.cached_prefix(request) if bm.enable_caching else ()
-            need = request.prompt_len + request.max_new_tokens
-            if not bm.try_allocate(request.request_id, need, prefix):
-                break
-            waiting.take(request)
-            hit = len(prefix) * bm.block_size
-            scheduler._start(request, plan, now, max(hit, request.num_external_tokens), hit)
-    if plan.admitted:  # the batch's prefill step
-        for request in running:
-            add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
-    else:
-        add_decodes(plan, running)
-    if padding.rows:
-        padding.add_to(plan)
+class StaticBatching:
+    """Batch at a time: a new batch only once every row of the last one finished; it
+    reserves prompt + max_new_tokens per request and prefills the whole batch in one step."""
+
+    reserves_full = True
+    splits_prompts = False
+    budgeted = False  # bounded by max_num_seqs and KV, not by a token budget
+    allows_deferral = False  # padding rows are per-row work a deferred decode does not do
+
+    def __init__(self) -> None:
+        self.padding = Padding()  # the current batch's finished rows
+
+    def schedule(self, scheduler: SchedulerSteps, plan: BatchPlan, now: float) -> None:
+        running, waiting, padding = scheduler.running, scheduler.waiting, self.padding
+        if not running and not padding.rows:
+            bm = scheduler.block_manager
+            while waiting and len(running) < scheduler.max_num_seqs:
+                request = waiting.head(now)
+                prefix = bm.cached_prefix(request) if bm.enable_caching else ()
+                need = request.prompt_len + request.max_new_tokens
+                if not bm.try_allocate(request.request_id, need, prefix):
+                    break
+                waiting.take(request)
+                hit = len(prefix) * bm.block_size
+                scheduler.start(request, plan, now, max(hit, request.num_external_tokens), hit)
+        if plan.admitted:  # the batch's prefill step
+            for request in running:
+                add_to_plan(plan, request, request.num_tokens - request.num_computed_tokens)
+        else:
+            add_decodes(plan, running)
+        if padding.rows:
+            padding.add_to(plan)
+
+    def hold(self, request: Request, reason: FinishReason) -> bool:
+        """Every row stays in the batch as padding until the whole batch ends."""
+        self.padding.add(request, reason)
+        return True
+
+    def returned(self, scheduler: SchedulerSteps, finished: list[Request],  # noqa: ARG002
+                 now: float) -> list[Request]:
+        """Rows are returned together, when the batch ends: none before."""
+        if not scheduler.running and self.padding.rows:
+            return self.padding.release(now, scheduler.block_manager)
+        return []
+
+    @property
+    def held_rows(self) -> list[Request]:
+        return self.padding.rows
 
 
 @dataclass(slots=True)
@@ -53,16 +76,13 @@ class Padding:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.rows.append(request)
-        ctx = request.prompt_len + len(request.token_times_s)
+        ctx = request.num_tokens
         self.context += ctx
         self.context_max = max(self.context_max, ctx)
 
     def add_to(self, plan: BatchPlan) -> None:
         """Put the rows in a step's plan as one-token decodes that sample nothing."""
-        plan.padding = self.rows.copy()
-        plan.decode_seqs += len(self.rows)
-        plan.decode_context += self.context
-        plan.decode_context_max = max(plan.decode_context_max, self.context_max)
+        add_padding_rows(plan, self.rows, self.context, self.context_max)
 
     def release(self, now: float, block_manager: BlockManager) -> list[Request]:
         """The batch ended at `now`: free every row's KV and return the rows."""

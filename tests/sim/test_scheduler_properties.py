@@ -18,7 +18,7 @@ def check_blocks(sched: Scheduler) -> None:
     """Every block is free, cached-free or held, once; reference counts match the tables."""
     bm = sched.block_manager
     bm.check()
-    holders = sched.running + sched._padding.rows  # static padding rows keep KV until batch end
+    holders = sched.running + sched.held_rows  # static padding rows keep KV until batch end
     assert set(bm._tables) <= {r.request_id for r in holders}
 
 
