@@ -4,7 +4,8 @@ The target: a 1,000,000-request synthetic trace over 32 replicas behind a router
 120 s (the reference: one replica of the 8,819-request azure-code trace took 41 s in the
 best existing simulator on the same machine class). The trace has azure-conv's lengths
 (resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
-deployment is Llama-3-8B on one H100 per replica, chunked prefill. Prints the wall time of
+deployment is Llama-3-8B on one H100 per replica, chunked prefill, priced by the fitted GPU
+model (`--cost roofline`: the analytic roofline, to compare the two's cost). Prints the wall time of
 the replay alone and its cost per request, per engine step and per token. `--listed` lists
 every decode row in every plan instead of deferring them (sim.deferred), and so runs no
 quiet steps in bulk either (sim.coast): the same results, the cost both save.
@@ -21,6 +22,7 @@ from executor.loading import cpu_model
 from sim.cluster import ClusterConfig, run_cluster
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
+from sim.gpu_cost import gpu_cost_backend
 from sim.metrics import summarize
 from sim.router import RouterConfig
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -39,6 +41,8 @@ def main() -> None:
     parser.add_argument("--router", default="least-requests")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--listed", action="store_true", help="list every decode row")
+    parser.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
+                        help="cost model pricing the steps (compare the two's speed)")
     args = parser.parse_args()
     rate = args.rate_per_replica * args.replicas
     spec = (f"synthetic:n={args.requests},rate={rate:g},prompt=empirical(azure-conv),"
@@ -46,8 +50,10 @@ def main() -> None:
     start = time.perf_counter()
     requests = requests_from_trace(open_trace(spec, seed=args.seed))
     built_s = time.perf_counter() - start
-    backend = AnalyticCostModel.preset("llama-3-8b", "h100")
-    config = SchedulerConfig(policy="chunked", num_blocks=backend.kv_pool_blocks(16))
+    roofline = AnalyticCostModel.preset("llama-3-8b", "h100")
+    backend = (roofline if args.cost == "roofline"
+               else gpu_cost_backend(roofline.model, roofline.hardware))
+    config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
     engines = [Engine(Scheduler(config), backend) for _ in range(args.replicas)]
     cluster = ClusterConfig(num_replicas=args.replicas, router=RouterConfig(args.router))
     start = time.perf_counter()

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from servelab import (
     cmd_bench_serve,
     cmd_calibrate,
+    cmd_fidelity_gpu,
     cmd_hardware,
     cmd_plan,
     cmd_report,
@@ -24,7 +25,7 @@ from servelab import (
 # Each subcommand module exposes register(subparsers); register() sets args.func.
 COMMANDS = (
     cmd_trace, cmd_simulate, cmd_sweep, cmd_plan, cmd_run, cmd_calibrate, cmd_validate, cmd_report,
-    cmd_serve, cmd_bench_serve, cmd_route, cmd_hardware,
+    cmd_serve, cmd_bench_serve, cmd_route, cmd_hardware, cmd_fidelity_gpu,
 )
 
 

@@ -12,11 +12,13 @@ from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.cluster import DEFAULT_KV_LINK_GBPS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.gpu_cost import coverage as gpu_coverage
 from sim.hardware import HARDWARE_SPECS
 from sim.model_config import resolve_model
 from sim.router import ROUTERS
 from sweeps.grid import CapacitySlo, find_capacity
 from sweeps.plan import (
+    DEFAULT_MAX_MODEL_LEN,
     Family,
     PlanContext,
     PlanPoint,
@@ -44,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     space.add_argument("--model", default="llama-3-8b",
                        help="a preset, a shipped Hugging Face id, or a config.json path")
     space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
+    space.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
+                       help="gpu: the operator model fitted on published GPU profiles "
+                            "(default); roofline: the analytic roofline")
     space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
                        help="GPU presets or files (default: every shipped GPU)")
     space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
@@ -122,12 +127,14 @@ def _run(args: argparse.Namespace) -> int:
     trace = load_trace_from_args(args)
     context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
-                          args.enable_prefix_caching, args.gpu_memory_utilization)
+                          args.enable_prefix_caching, args.gpu_memory_utilization,
+                          args.cost)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")
     if not families:
         raise ValueError("no deployment in the search space fits its GPUs")
+    _print_pricing(context, families)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
@@ -144,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     payload = {"trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
                "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
                "cheapest_per_hardware": best, "cheapest": cheapest(met)[:args.top],
-               "skipped": skipped, "probes": len(probes)}
+               "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost)}
     if args.out is not None:
         _write_out(args.out, probes, best, slo, trace.name)
     if args.json is not None:
@@ -156,6 +163,22 @@ def _family(row: dict) -> Family:
     pd_ratio = None if not row["pd"] else tuple(v // row["scale"] for v in parse_pd(row["pd"]))
     return Family(row["hardware"], row["tp"], row["router"], pd_ratio, row["policy"],
                   row["max_num_seqs"], row["token_budget"], row.get("dp", 1))
+
+
+def _cost_name(cost: str) -> str:
+    return "gpu-fitted" if cost == "gpu" else "roofline"
+
+
+def _print_pricing(context: PlanContext, families: list) -> None:
+    """Which cost model prices the probes, and (fitted) whether each GPU is in its data."""
+    print(f"priced by {_cost_name(context.cost)}")
+    if context.cost != "gpu":
+        return
+    # Chunked families compute at most their token budget a step (2048 unless set).
+    budget = max(f.token_budget or 2048 if f.policy == "chunked"
+                 else context.max_model_len or DEFAULT_MAX_MODEL_LEN for f in families)
+    for hardware in sorted({f.hardware for f in families}):
+        print(f"  {gpu_coverage(context.model, hardware, budget)}")
 
 
 def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], probes: int) -> None:

@@ -195,6 +195,9 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
                             "exchanged around each MoE layer (vLLM's expert parallel)")
+    group.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
+                       help="gpu: the operator model fitted on published GPU profiles "
+                            "(default); roofline: the analytic roofline")
     group.add_argument("--gpu-memory-utilization", type=float,
                        default=DEFAULT_GPU_MEMORY_UTILIZATION,
                        help="fraction of each GPU's memory for weights, activations and KV "
@@ -217,7 +220,7 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         dtype=value("dtype", args.dtype), tensor_parallel=value("tensor_parallel", args.tp),
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-        num_blocks=num_blocks, cost_model=args.cost_model)
+        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost)
 
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.

@@ -14,6 +14,8 @@ from typing import Any
 from sim.calibrated import CalibratedCostModel
 from sim.core import Backend
 from sim.cost_model import DTYPE_BYTES, AnalyticCostModel
+from sim.gpu_cost import coverage as gpu_coverage
+from sim.gpu_cost import gpu_cost_backend
 from sim.hardware import GiB, HardwareSpec, hardware_spec
 from sim.model_config import resolve_model
 from sim.model_specs import ModelSpec
@@ -50,6 +52,7 @@ class DeploymentOptions:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_blocks: int | None = None  # overrides the sized pool
     cost_model: Path | None = None  # a calibration instead of the analytic model
+    cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
 
 
 @dataclass(frozen=True)
@@ -159,9 +162,23 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_memory_utilization=utilization, gpu_memory_bytes=hardware.memory_bytes,
         gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
-    return Deployment(model, hardware, dtype, parallel, pool, cost,
+    priced, pricing = _pricing(options.cost, cost, model, hardware, parallel)
+    return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
-                      _describe(options, parallel, dtype))
+                      f"{_describe(options, parallel, dtype)}; priced by {pricing}")
+
+
+def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware: HardwareSpec,
+             parallel: Parallelism) -> tuple[Backend, str]:
+    """The cost model `name` picks (the roofline sizes the pool either way), and a line
+    naming it and, for the fitted one, whether GPU, model and shapes lie in its data."""
+    if name == "roofline":
+        return roofline, "roofline"
+    if name != "gpu":
+        raise ValueError(f"--cost {name!r}: choose gpu or roofline")
+    ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
+    fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep)
+    return fitted, f"gpu-fitted: {gpu_coverage(model.name, hardware.name, 2048)}"
 
 
 def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> str:

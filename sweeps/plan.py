@@ -83,13 +83,14 @@ class PlanContext:
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
 
     def resolved(self, family: Family) -> Deployment:
         """One engine of the family as a Deployment (its cost model and KV pool)."""
         return build_deployment(DeploymentOptions(
             self.model, family.hardware, self.dtype, family.tp, family.dp,
             expert_parallel=family.dp > 1, block_size=self.block_size,
-            gpu_memory_utilization=self.gpu_memory_utilization))
+            gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost))
 
     def backend(self, family: Family) -> AnalyticCostModel:
         return self.resolved(family).cost_model
@@ -200,8 +201,9 @@ def simulate_args(row: dict, context: PlanContext) -> list[str]:
     dp = ["--data-parallel-size", str(dp), "--enable-expert-parallel"] if dp > 1 else []
     budget = ["--token-budget", str(row["token_budget"])] if row["token_budget"] else []
     caching = [] if context.enable_prefix_caching else ["--no-enable-prefix-caching"]
-    return ["--model", context.model, "--dtype", context.dtype, "--hardware",
-            row["hardware"], "--tp", str(row["tp"]), *size, *dp, "--router", row["router"],
+    return ["--cost", context.cost, "--model", context.model, "--dtype", context.dtype,
+            "--hardware", row["hardware"], "--tp", str(row["tp"]), *size, *dp,
+            "--router", row["router"],
             "--policy", row["policy"], "--max-num-seqs", str(row["max_num_seqs"]),
             "--block-size", str(context.block_size), "--gpu-memory-utilization",
             f"{context.gpu_memory_utilization:g}", "--kv-link-gbps",

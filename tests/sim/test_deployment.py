@@ -53,11 +53,11 @@ def test_deployment_is_frozen_and_its_json_is_whole() -> None:
     assert record["hardware"]["name"] == "h100"
 
 
-def test_the_default_deployment_prices_as_the_preset() -> None:
+def test_the_default_roofline_deployment_prices_as_the_preset() -> None:
     plan = BatchPlan()
     plan.prefill_tokens, plan.prefill_seqs, plan.prefill_attn = 900, 2, 400_000
     plan.decode_seqs, plan.decode_context = 40, 60_000
-    assert build_deployment(DeploymentOptions()).cost_model.predict(plan) == \
+    assert build_deployment(DeploymentOptions(cost="roofline")).cost_model.predict(plan) == \
         AnalyticCostModel.preset().predict(plan)
 
 

@@ -1,0 +1,287 @@
+"""The fitted GPU cost model: a step's time as the sum of its operators' physical costs.
+
+Each operator (QKV, attention by chunk/context and by decode KV, O-proj, MLP or MoE experts
+by tokens per expert, norms/RoPE/activation/add, LM head, sampling) costs the larger of its
+FLOPs over peak x eff_compute(rows) and its bytes over bandwidth x eff_memory(rows), with
+efficiencies fitted on operator profiles (sim/data/gpu_cost_fit.json); all-reduces and the
+expert-parallel exchange by message size and GPUs; and the engine's per-step CPU time as
+its own term. Per-token-count parts are cached, so `predict` is a few lookups a step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sim.core import BatchPlan, Request, StepResult
+from sim.gpu_shapes import GpuPeaks, LayerShapes
+from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms, moe_experts_s
+from sim.gpu_terms import gemm_s as _gemm_s
+from sim.gpu_terms import small_op_s as _small_op_s
+from sim.hardware import HardwareSpec
+from sim.model_specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Host time of one engine step that the GPU kernels do not hide."""
+
+    name: str
+    step_s: float  # scheduling, input preparation, output processing: once a step
+    # Eager engines (no CUDA graphs): the host's time to dispatch one kernel; a layer takes
+    # at least its kernels' dispatch time (0 under CUDA graphs).
+    per_kernel_s: float
+    per_row_s: float  # input preparation and detokenisation per scheduled sequence
+    source: str  # which data set set these numbers
+    # Async scheduling (vLLM V1): the host prepares step n+1 while the GPU runs step n, so
+    # a step takes the longer of the two instead of their sum.
+    overlapped: bool = False
+    # The engine's kernels' FLOP/s as a fraction of the profiled kernels' (an older software
+    # stack: other GEMM and attention libraries); 1 for the stack the profiles measured.
+    compute_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("step_s", "per_kernel_s", "per_row_s"):
+            if not getattr(self, key) >= 0.0:
+                raise ValueError(f"engine {self.name}: {key} must be >= 0")
+        if not 0.0 < self.compute_scale <= 1.0:
+            raise ValueError(f"engine {self.name}: compute_scale must be in (0, 1]")
+
+
+def load_engine(name: str, path: Path = FIT_PATH) -> EngineOverhead:
+    """An engine's overhead terms from the fit file, by name (vllm, splitwise)."""
+    engines = json.loads(path.read_text())["engines"]
+    if name not in engines:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(engines)}")
+    e = engines[name]
+    return EngineOverhead(name, e["step_s"], e["per_kernel_s"], e["per_row_s"], e["source"],
+                          e.get("overlapped", False), e.get("compute_scale", 1.0))
+
+
+class GpuCostModel:
+    """A Backend pricing each BatchPlan with the fitted per-operator model."""
+
+    name = "gpu-fitted"
+
+    def __init__(self, shapes: LayerShapes, peaks: GpuPeaks, engine: EngineOverhead,
+                 tensor_parallel: int = 1, expert_parallel: int = 1,
+                 terms: GpuTerms | None = None, dtype_bytes: int = 2) -> None:
+        if tensor_parallel < 1 or shapes.num_heads % tensor_parallel:
+            raise ValueError(f"GpuCostModel: tensor_parallel={tensor_parallel} must divide "
+                             f"the {shapes.num_heads} heads of {shapes.name}")
+        if expert_parallel < 1 or (expert_parallel > 1 and not shapes.is_moe):
+            raise ValueError(f"GpuCostModel: expert_parallel={expert_parallel} needs a MoE "
+                             f"model ({shapes.name} is dense)")
+        self.shapes, self.peaks, self.engine = shapes, peaks, engine
+        self.tensor_parallel, self.expert_parallel = tensor_parallel, expert_parallel
+        terms = terms if terms is not None else load_terms(peaks.name, peaks)
+        if engine.compute_scale != 1.0:
+            scale = engine.compute_scale
+            terms = replace(terms,
+                            gemm_eff_compute=tuple(e * scale for e in terms.gemm_eff_compute),
+                            attn_prefill_eff_compute=terms.attn_prefill_eff_compute * scale)
+        self.terms = terms
+        self.dtype_bytes = dtype_bytes
+        s, tp, t = shapes, tensor_parallel, self.terms
+        self._q_dim = s.num_heads // tp * s.head_dim
+        kv_heads = max(1, s.num_kv_heads // tp)  # replicated beyond num_kv_heads GPUs
+        self._kv_bytes_layer = 2 * kv_heads * s.head_dim * dtype_bytes  # K+V of one token
+        layers = s.num_layers
+        self._layers = layers
+        self._kernel_s = engine.per_kernel_s
+        # Attention, per unit on one GPU in one layer.
+        self._s_per_prefill_pair = 4.0 * self._q_dim / (peaks.peak_flops
+                                                        * t.attn_prefill_eff_compute)
+        self._s_per_decode_kv = self._kv_bytes_layer / (peaks.mem_bandwidth_bytes_s
+                                                        * t.attn_decode_eff_memory)
+        self._prefill_floor_s = t.attn_prefill_floor_s
+        self._decode_floor_s = t.attn_decode_floor_s
+        self._overlapped = engine.overlapped
+        self._host_layer_s = self._kernel_s * self._kernels_per_layer()
+        # Parts that depend only on the step's tokens (layer, embedding) or rows (sampling,
+        # host time), computed once per count.
+        self._token_cache: dict[int, tuple[float, float]] = {}
+        self._row_cache: dict[int, tuple[float, float]] = {}
+
+    @property
+    def reads_rows(self) -> bool:
+        """A step's time comes from the plan's totals alone (sim.deferred may apply)."""
+        return False
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel
+
+    def predict(self, plan: BatchPlan) -> float:
+        """Seconds one engine step of `plan` takes; 0 for a plan that computes nothing."""
+        decode_seqs = plan.decode_seqs
+        tokens = plan.prefill_tokens + decode_seqs
+        if not tokens:
+            return 0.0
+        per_tokens = self._token_cache.get(tokens)
+        if per_tokens is None:
+            per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
+        rows = plan.prefill_seqs + decode_seqs
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        layer, host = per_tokens[0], self._host_layer_s
+        if plan.prefill_tokens:
+            layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
+            host += self._kernel_s
+        if decode_seqs:
+            layer += self._decode_floor_s + self._s_per_decode_kv * plan.decode_context
+            host += self._kernel_s
+        # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
+        # the slower of the two sets the layer's time.
+        gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
+        if self._overlapped:  # the host's step work runs beside the GPU's
+            return gpu_s if gpu_s > per_rows[1] else per_rows[1]
+        return gpu_s + per_rows[1]
+
+    def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
+        """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
+        tokens at the first and `rows` more at each next (same terms, same order)."""
+        if rows < 1:
+            raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
+        per_tokens = self._token_cache.get(rows)
+        if per_tokens is None:
+            per_tokens = self._token_cache[rows] = (self.layer_s(rows), self.embed_s(rows))
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
+        host = self._host_layer_s + self._kernel_s
+        floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
+        overlapped = self._overlapped
+        contexts = range(context, context + rows * num_steps, rows)
+        if not self._kernel_s and overlapped:  # CUDA graphs, async host: the common case
+            return [g if g > host_s else host_s
+                    for g in (layers * (base + (floor + per_kv * ctx)) + embed + sample
+                              for ctx in contexts)]
+        out = []
+        for ctx in contexts:
+            layer = base + (floor + per_kv * ctx)
+            gpu_s = layers * (layer if layer > host else host) + embed + sample
+            if overlapped:
+                out.append(gpu_s if gpu_s > host_s else host_s)
+            else:
+                out.append(gpu_s + host_s)
+        return out
+
+    def host_s(self, rows: int) -> float:
+        """The engine's host time of a step of `rows` sequences."""
+        return self.engine.step_s + self.engine.per_row_s * rows
+
+    def _gemm(self, tokens: float, k: int, m: int) -> float:
+        return _gemm_s(self.terms, self.peaks, tokens, k, m, self.dtype_bytes)
+
+    def _small(self, moved_bytes: float) -> float:
+        return _small_op_s(self.terms, self.peaks, moved_bytes)
+
+    def _kernels_per_layer(self) -> int:
+        """Kernels one layer launches besides attention (what an eager host dispatches)."""
+        s, tp = self.shapes, self.tensor_parallel
+        count = 2 + 2 + (1 if s.rope else 0) + (1 if s.qk_norm else 0)  # QKV, O, norms
+        count += 5 if s.is_moe else 3  # router, top-k, 2 expert GEMMs, act | up, act, down
+        count += 2 if tp > 1 else 0  # the two all-reduces
+        if not s.fused_add_norm:  # separate residual adds, and biases added after the
+            count += 2 + (2 if tp > 1 else 0)  # row-parallel all-reduces
+        return count + (1 if self.expert_parallel > 1 else 0)
+
+    def layer_s(self, tokens: int) -> float:
+        """One layer's GEMMs, small ops and collectives for `tokens` rows (no attention)."""
+        s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
+        h, q_dim = s.hidden_size, self._q_dim
+        kv_dim = self._kv_bytes_layer // (2 * b)
+        layer = self._gemm(tokens, h, q_dim + 2 * kv_dim) + self._gemm(tokens, q_dim, h)
+        layer += self.mlp_s(tokens)
+        # Two fused add+RMSNorms (or norms and adds), RoPE on q and k, (Qwen3) q/k norms.
+        layer += 2 * self._small(4 * tokens * h * b)
+        if not s.fused_add_norm:
+            layer += 2 * self._small(3 * tokens * h * b)
+        if s.rope:
+            layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        if s.qk_norm:
+            layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        # Row-parallel O-proj and down-proj each all-reduce [tokens, hidden].
+        return layer + 2 * t.allreduce_s(tokens * h * b, tp)
+
+    def embed_s(self, tokens: int) -> float:
+        """Embedding gather and final norm over `tokens`."""
+        h, b = self.shapes.hidden_size, self.dtype_bytes
+        return self._small(2 * tokens * h * b) + self._small(4 * tokens * h * b)
+
+    def sample_s(self, rows: int) -> float:
+        """LM head over the rows that sample, the logits gather, and the sampler."""
+        s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
+        if not rows:
+            return 0.0
+        head = self._gemm(rows, s.hidden_size, s.vocab_size // tp)
+        if tp > 1:  # the vocab-parallel logits gathered: about half an all-reduce's bytes
+            head += t.allreduce_s(rows * s.vocab_size // tp * b, tp) / 2
+        return head + t.sampler_floor_s + t.sampler_per_row_s * rows + 6 * self._kernel_s
+
+    def mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
+        """One layer's MLP: dense SwiGLU/GELU, or routed experts by tokens per expert; under
+        expert parallelism the experts see `group_tokens` from every rank (default: every
+        rank has as many as this one)."""
+        s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
+        h = s.hidden_size
+        if not s.is_moe:
+            inter = s.intermediate_size // tp
+            gates = 2 if s.gated_mlp else 1
+            return (self._gemm(tokens, h, gates * inter) + self._gemm(tokens, inter, h)
+                    + self._small((gates + 1) * tokens * inter * b))
+        ep, k, experts = self.expert_parallel, s.experts_per_token, s.num_experts
+        # Expert parallel keeps each expert whole on one GPU; otherwise tp splits each.
+        inter = s.moe_intermediate_size // (tp if ep == 1 else 1)
+        # Every rank's tokens reach this rank's E / ep experts (all-gathered); an expert is
+        # active if any of them routes to it (top-k of E, independent rows).
+        group = tokens * ep if group_tokens is None else group_tokens
+        slots = group * k / ep
+        active = experts / ep * (1.0 - (1.0 - k / experts) ** group)
+        experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b)
+        router_s = self._gemm(tokens, h, experts)
+        act_s = self._small(3 * slots * inter * b)
+        # Expert parallelism: all-gather the ranks' tokens, reduce-scatter the outputs (the
+        # bytes of one all-reduce of every rank's [tokens, hidden]).
+        exchange_s = t.allreduce_s(group * h * b, ep) if ep > 1 else 0.0
+        return experts_s + router_s + act_s + exchange_s
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        """Backend protocol: the predicted duration, no sampled tokens."""
+        return StepResult(duration_s=self.predict(plan))
+
+    def free(self, request: Request) -> None:
+        """Backend protocol: the cost model keeps no per-request state."""
+
+
+def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) -> str:
+    """One line: whether the GPU, the model and the step shapes lie inside the fitted data."""
+    entry = json.loads(path.read_text())["gpus"].get(gpu)
+    if entry is None:
+        return (f"GPU {gpu} outside the fitted data: extrapolated from its datasheet with the "
+                f"fitted GPUs' median efficiencies")
+    wanted = model_name.lower().replace("meta-", "").split("/")[-1]
+    # Each profile reads "<source> <model> [tpN]"; a fine-tuned variant (-Instruct-2507)
+    # has its base model's shapes.
+    names = {p.split()[1].lower().replace("meta-", "").removesuffix("-hf")
+             for p in entry["covered"]["profiles"]}
+    profiled = any(name == wanted or wanted.startswith(name + "-") for name in names)
+    model_note = ("model profiled on it" if profiled
+                  else f"model {model_name} not profiled there: priced by the GPU's fitted curves")
+    limit = entry["covered"]["max_tokens"]
+    shape_note = (f"steps up to {max_tokens} tokens inside the profiled {limit}"
+                  if max_tokens <= limit else
+                  f"steps up to {max_tokens} tokens beyond the profiled {limit}: extrapolated")
+    return f"GPU {gpu} fitted ({entry['source']}); {model_note}; {shape_note}"
+
+
+def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: int = 1,
+                     engine: str = "vllm", expert_parallel: int = 1) -> GpuCostModel:
+    """The fitted model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
+    return GpuCostModel(LayerShapes.from_model_spec(model), GpuPeaks.from_hardware_spec(hardware),
+                        load_engine(engine), tensor_parallel=tensor_parallel,
+                        expert_parallel=expert_parallel)

@@ -1,0 +1,43 @@
+"""simulate and plan say which cost model priced the run and whether it lies in the data."""
+
+from __future__ import annotations
+
+import json
+
+from servelab.cli import main
+
+TRACE = ["--trace", "synthetic:n=20,rate=5,prompt=fixed(300),output=fixed(20)"]
+
+
+def test_simulate_defaults_to_the_fitted_gpu_model_and_records_it(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["simulate", *TRACE, "--hardware", "b200", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "priced by gpu-fitted" in printed and "extrapolated from its datasheet" in printed
+    assert json.loads(out.read_text())["deployment_spec"]["cost_model"] == "GpuCostModel"
+
+
+def test_simulate_keeps_the_roofline_by_name(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["simulate", *TRACE, "--cost", "roofline", "--json", str(out)]) == 0
+    assert "priced by roofline" in capsys.readouterr().out
+    assert json.loads(out.read_text())["deployment_spec"]["cost_model"] == "AnalyticCostModel"
+
+
+def test_the_two_cost_models_price_differently(tmp_path, capsys):
+    results = {}
+    for cost in ("gpu", "roofline"):
+        out = tmp_path / f"{cost}.json"
+        assert main(["simulate", *TRACE, "--cost", cost, "--json", str(out)]) == 0
+        results[cost] = json.loads(out.read_text())["results"]["continuous"]["mean_tpot_ms"]
+    assert results["gpu"] != results["roofline"]
+
+
+def test_plan_names_its_cost_model_and_coverage(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--trace", "azure-conv", "--max-requests", "60", "--hardware", "h100",
+                 "--tp", "1", "--workers", "1", "--rate-range", "1,2",
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "priced by gpu-fitted" in printed and "GPU h100 fitted" in printed
+    assert json.loads(out.read_text())["cost_model"] == "gpu-fitted"

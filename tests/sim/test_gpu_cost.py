@@ -1,0 +1,89 @@
+"""The fitted GPU cost model: non-negative terms, physics-monotone step times, coverage."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core import BatchPlan
+from sim.gpu_cost import EngineOverhead, GpuCostModel, coverage, load_engine
+from sim.gpu_shapes import known_gpu, known_shapes
+from sim.gpu_terms import load_terms
+
+GPUS = ("a100-80gb", "h100", "rtx-4090", "rtx-pro-6000", "h200")
+
+
+def _model(gpu: str = "h100", model: str = "llama-3-8b", tp: int = 1) -> GpuCostModel:
+    return GpuCostModel(known_shapes(model), known_gpu(gpu), load_engine("vllm"),
+                        tensor_parallel=tp)
+
+
+def _prefill(tokens: int) -> BatchPlan:
+    return BatchPlan(prefill_tokens=tokens, prefill_seqs=1,
+                     prefill_attn_causal=tokens * (tokens + 1) // 2, num_sampled=1)
+
+
+def _decode(rows: int, context: int) -> BatchPlan:
+    return BatchPlan(decode_seqs=rows, decode_context=rows * context, num_sampled=rows)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_fitted_terms_are_non_negative_and_efficiencies_bounded(gpu):
+    terms = load_terms(gpu, known_gpu(gpu))
+    assert all(0 < e <= 1.2 for e in terms.gemm_eff_compute + terms.gemm_eff_memory)
+    assert terms.small_op_floor_s >= 0 and terms.attn_decode_floor_s >= 0
+    assert terms.sampler_per_row_s >= 0
+    assert all(lat >= 0 and bw > 0 for lat, bw in terms.allreduce.values())
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_step_time_grows_with_prefill_tokens_and_decode_context(gpu):
+    model = _model(gpu)
+    prefill = [model.predict(_prefill(n)) for n in range(1, 4097, 7)]
+    assert all(b >= a for a, b in zip(prefill, prefill[1:], strict=False))
+    decode = [model.predict(_decode(8, c)) for c in range(16, 8192, 64)]
+    assert all(b >= a for a, b in zip(decode, decode[1:], strict=False))
+    rows = [model.predict(_decode(r, 512)) for r in range(1, 257)]
+    assert all(b >= a for a, b in zip(rows, rows[1:], strict=False))
+
+
+def test_all_reduce_grows_with_message_size():
+    terms = load_terms("h100", known_gpu("h100"))
+    sizes = [2**i for i in range(10, 28)]
+    times = [terms.allreduce_s(s, 8) for s in sizes]
+    assert all(b > a for a, b in zip(times, times[1:], strict=False))
+    assert terms.allreduce_s(1 << 20, 1) == 0.0
+
+
+def test_engine_overhead_is_its_own_term():
+    shapes, gpu = known_shapes("llama-3-8b"), known_gpu("h100")
+    bare = GpuCostModel(shapes, gpu, EngineOverhead("none", 0.0, 0.0, 0.0, ""))
+    slow = GpuCostModel(shapes, gpu, EngineOverhead("cpu", 5e-3, 0.0, 0.0, ""))
+    plan = _decode(1, 100)
+    assert slow.predict(plan) == pytest.approx(bare.predict(plan) + 5e-3)
+
+
+def test_decode_steps_match_predict_bit_for_bit():
+    model = _model("rtx-pro-6000", "qwen3-32b", tp=2)
+    steps = model.decode_steps_s(rows=12, context=12 * 300, num_steps=5)
+    assert steps == [model.predict(_decode(12, 300 + i)) for i in range(5)]
+
+
+def test_moe_prices_fewer_experts_than_dense_equivalent():
+    moe = _model("rtx-pro-6000", "qwen3-30b-a3b")
+    assert moe.predict(_decode(1, 100)) < _model("rtx-pro-6000", "qwen3-32b").predict(
+        _decode(1, 100))
+    times = [moe.mlp_s(n) for n in (1, 2, 8, 64, 512, 2048)]
+    assert all(b >= a for a, b in zip(times, times[1:], strict=False))
+
+
+def test_coverage_says_when_the_answer_is_extrapolated():
+    assert "extrapolated from its datasheet" in coverage("llama-3-8b", "b200", 2048)
+    assert "model profiled" in coverage("meta-llama/Llama-3.1-8B", "rtx-4090", 2048)
+
+
+def test_bad_parallelism_is_rejected_with_the_field_named():
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        _model(tp=3)
+    with pytest.raises(ValueError, match="expert_parallel"):
+        GpuCostModel(known_shapes("llama-3-8b"), known_gpu("h100"), load_engine("vllm"),
+                     expert_parallel=2)
