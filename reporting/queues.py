@@ -21,6 +21,7 @@ from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
 from sim.metrics import summarize
 from sim.scheduler import Scheduler, SchedulerConfig
+from sim.scheduler_config import DEFAULT_QUEUE_AGING_S
 from sim.simulation import run_trace
 from sim.workload import requests_from_trace
 from workloads import Trace, load_bundled, open_trace
@@ -33,7 +34,7 @@ MODEL = "llama-3-8b"
 # ~600-token requests, so 20 req/s overloads it from the start and a run costs ~1 s of CPU.
 SMALL_HARDWARE, SMALL_MAX_SEQS = "a100-80gb", 32
 SMALL_DEPLOYMENT = "Llama-3-8B bf16 on one A100-80GB, at most 32 running requests (simulated)"
-AGINGS_S = (SchedulerConfig.queue_aging_s, 20.0)  # the default bound, one the backlog outgrows
+AGINGS_S = (DEFAULT_QUEUE_AGING_S, 20.0)  # the default bound, one the backlog outgrows
 SJF_QPS_SCALE = 5.5  # x azure-conv's 5.5 req/s: ~30 req/s against the ~22 one H100 serves
 SJF_NOISES = (0.0, 0.5, 1.5)  # log-space std of the output-length guess (0: an oracle)
 SWAP_HARDWARE = ("a100-80gb", "h100")  # PCIe 32 and 64 GB/s per direction

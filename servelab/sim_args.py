@@ -39,9 +39,10 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
                        help="who is admitted first: fcfs (default), priority (lower value "
                             "first, may preempt lower priority), fair (VTC over tenants), sjf "
                             "(shortest predicted output first)")
-    queue.add_argument("--queue-aging-s", type=float, default=SchedulerConfig.queue_aging_s,
+    queue.add_argument("--queue-aging-s", type=float, default=None,
                        help="starvation bound: once a request has waited this long, no later "
-                            "arrival is admitted before it (default %(default)g)")
+                            "arrival is admitted before it (default 60 for priority and sjf; "
+                            "none for fair, whose counters bound it)")
     queue.add_argument("--sjf-noise", type=float, default=0.0,
                        help="sjf's prediction error: log-space std of predicted/true output "
                             "length (default 0: an oracle)")

@@ -35,7 +35,7 @@ class Scheduler:
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
                                           config.enable_prefix_caching, config.num_host_blocks)
         # In --queue order (sim.queues); preempted requests go back to the front.
-        self.waiting = make_queue(config.queue, config.queue_aging_s, config.sjf_noise)
+        self.waiting = make_queue(config.queue, config.aging_s, config.sjf_noise)
         self.batching = BATCHING[config.policy]()
         self.eviction = EVICTIONS[config.preemption](self.block_manager)
         # The parts' per-step methods, bound once (each is called every step); the optional
@@ -277,7 +277,7 @@ class Scheduler:
             return False
         victim = self.waiting.victim(running)
         if (not self.waiting.preempts(request, victim) or victim.request_id in plan.admitted
-                or now - victim.arrival_s >= self.config.queue_aging_s):
+                or now - victim.arrival_s >= self.config.aging_s):
             return False
         self._preempt(victim, plan)
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.eviction import EVICTIONS
@@ -11,6 +12,7 @@ from sim.queues import QUEUES
 POLICIES = tuple(BATCHING)  # static, continuous, recompute, chunked
 PREEMPTION_MODES = tuple(EVICTIONS)  # recompute, swap
 DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
+DEFAULT_QUEUE_AGING_S = 60.0  # the starvation bound of priority and sjf unless one is given
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,11 @@ class SchedulerConfig:
     # waiting request may also preempt a running one of lower priority.
     queue: str = "fcfs"
     # Starvation bound of the non-FCFS orders: once a request has waited this long, no
-    # request that arrived after it is admitted before it.
-    queue_aging_s: float = 60.0
+    # request that arrived after it is admitted before it. None: DEFAULT_QUEUE_AGING_S for
+    # priority and sjf, none for fair, whose counters already bound how far one backlogged
+    # tenant falls behind another (an arrival-order bound there would turn it back into FCFS
+    # under sustained overload, which is when a light tenant needs it).
+    queue_aging_s: float | None = None
     sjf_noise: float = 0.0  # log-space std of sjf's output-length prediction (0: oracle)
     # What eviction does with a victim's KV: drop it and recompute later, or copy it to a
     # host pool of swap_space_blocks blocks and back (recompute when the pool is full).
@@ -45,7 +50,7 @@ class SchedulerConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         if self.queue not in QUEUES:
             raise ValueError(f"unknown queue {self.queue!r}; choose from {', '.join(QUEUES)}")
-        if not self.queue_aging_s > 0:
+        if self.queue_aging_s is not None and not self.queue_aging_s > 0:
             raise ValueError(f"queue_aging_s must be > 0, got {self.queue_aging_s}")
         if not self.sjf_noise >= 0:
             raise ValueError(f"sjf_noise must be >= 0, got {self.sjf_noise}")
@@ -101,3 +106,10 @@ class SchedulerConfig:
     def num_host_blocks(self) -> int:
         """The host pool swapped-out KV may use: swap_space_blocks under swap, else none."""
         return self.swap_space_blocks if self.preemption == "swap" else 0
+
+    @property
+    def aging_s(self) -> float:
+        """The starvation bound in force (queue_aging_s, or the queue's own default)."""
+        if self.queue_aging_s is not None:
+            return self.queue_aging_s
+        return math.inf if self.queue == "fair" else DEFAULT_QUEUE_AGING_S

@@ -98,6 +98,26 @@ def test_fair_queue_protects_the_light_tenant_from_the_flood():
     assert fair["jain_fairness_index"] > fcfs["jain_fairness_index"]
 
 
+def test_fair_queue_keeps_protecting_the_light_tenant_past_any_aging_bound_by_default():
+    """Under a flood that outlasts an arrival-order bound, such a bound turns fair back into
+    FCFS (the light tenant waits as long as the flood); fair's own default has none."""
+    fcfs = run(two_tenants())
+    fair = run(two_tenants(), queue="fair")
+    aged = run(two_tenants(), queue="fair", queue_aging_s=5.0)
+    light = {name: r["tenants"]["light"]["p99_ttft_ms"] for name, r in
+             (("fcfs", fcfs), ("fair", fair), ("aged", aged))}
+    assert fcfs["tenants"]["flood"]["p99_ttft_ms"] > 5e3  # the backlog outgrows 5 s
+    assert light["fair"] <= light["fcfs"] / 10
+    assert light["aged"] >= light["fcfs"] / 2
+
+
+def test_aging_defaults_to_60_s_for_priority_and_sjf_and_to_none_for_fair():
+    assert SchedulerConfig(queue="priority").aging_s == SchedulerConfig(queue="sjf").aging_s
+    assert SchedulerConfig(queue="sjf").aging_s == 60.0
+    assert SchedulerConfig(queue="fair").aging_s == float("inf")
+    assert SchedulerConfig(queue="fair", queue_aging_s=7.0).aging_s == 7.0
+
+
 def test_vtc_lifts_a_returning_tenant_to_the_smallest_waiting_counter():
     queue = FairQueue(aging_s=1e6)
     a1, a2, b = (Request(i, 0.0, 10, 5, tenant=t) for i, t in (("a1", "a"), ("a2", "a"),
