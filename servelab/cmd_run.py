@@ -98,7 +98,7 @@ def _payload(args, trace, config, loaded, slo, policy, summary) -> dict:
             "dtype": str(loaded.dtype).removeprefix("torch."), "threads": loaded.threads,
             "kernels": loaded.kernels, "torch": torch.__version__,
             "processor": platform.processor() or platform.machine(),
-            "scheduler": {policy: {**asdict(config), "token_budget": config.budget}},
+            "scheduler": {policy: config.as_record()},
             "sampling": {"temperature": args.temperature, "top_p": args.top_p,
                          "top_k": args.top_k, "seed": args.seed},
             "slo": None if slo is None else asdict(slo),

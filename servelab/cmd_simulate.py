@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
             "deployment": where,
-            "scheduler": {p: {**asdict(c), "token_budget": c.budget} for p, c in configs.items()},
+            "scheduler": {p: c.as_record() for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
             "cluster": None if cluster is None else asdict(cluster),
         },

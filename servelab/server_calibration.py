@@ -95,7 +95,7 @@ def calibrate_url(args: argparse.Namespace) -> int:
 def validate_url(args: argparse.Namespace) -> int:
     """Replay the trace against --url (--repeats times) and simulate it as that server."""
     from calibration.validation import VALIDATED, compare, overall
-    from servelab.sim_args import scheduler_config, use_server_limits, write_json_atomic
+    from servelab.sim_args import scheduler_config, write_json_atomic
     from servelab.trace_args import load_trace_from_args
     from servelab.validate_output import format_errors, format_overall
     from sim.calibrated import CalibratedCostModel
@@ -105,14 +105,14 @@ def validate_url(args: argparse.Namespace) -> int:
         raise ValueError("validate --url needs --cost-model (a calibration from calibrate --url)")
     model = CalibratedCostModel.load(args.cost_model)
     server = model.meta.get("server") or {}
-    use_server_limits(args, server)
     policy = server.get("policy") or args.server_policy
     num_blocks = args.num_blocks or server.get("num_blocks") or model.meta.get("num_blocks")
     if num_blocks is None:
         raise ValueError(f"{args.cost_model} does not record the server's KV pool: pass "
                          "--num-blocks")
     config = scheduler_config(args, policy, num_blocks,
-                              server.get("max_model_len") or model.meta.get("max_model_len"))
+                              server.get("max_model_len") or model.meta.get("max_model_len"),
+                              server=server)
     trace = load_trace_from_args(args)
     runs, served, failures = _replay(args, trace, num_blocks, config.max_num_seqs)
     results, pairs = compare(trace, {policy: config}, {policy: runs}, model)

@@ -229,15 +229,6 @@ SERVER_LIMIT_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "token_budget": 
                          "enable_prefix_caching": True, "policy": None}
 
 
-def use_server_limits(args: argparse.Namespace, server: dict) -> None:
-    """Flags left at their defaults take the calibrated server's limits (`meta.server` of a
-    calibration from `calibrate --url`), so a simulation runs as that server is set up."""
-    for key, default in SERVER_LIMIT_DEFAULTS.items():
-        known = hasattr(args, key) and server.get(key) is not None
-        if known and getattr(args, key) == default:
-            setattr(args, key, server[key])
-
-
 CLASS_COLUMNS = ("requests", "completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
                  "p99_itl_ms", "served_tokens")
 

@@ -34,7 +34,8 @@ class StepRecord(NamedTuple):
 
 
 # A record from the tuple of its fields, without NamedTuple's Python-level __new__ (the
-# replays make one per step); only Engine._record calls it, with every field named.
+# replays make one per step). Every call passes a tuple of local variables named as the
+# fields, in their order (tests/sim/test_engine_records.py reads the source to hold that).
 _step_record = partial(tuple.__new__, StepRecord)
 
 # How a driver lets a step's time pass, given the step's start and duration: the event its
@@ -106,11 +107,14 @@ class Engine:
         # The record (the plan's properties inlined: once per step).
         padding_rows, prefill_tokens, decode_seqs = (
             len(plan.padding), plan.prefill_tokens, plan.decode_seqs)
-        self.steps.append(_step_record((  # StepRecord's fields, in order
-            start_s, duration_s, len(plan.requests) + plan.deferred_decodes + padding_rows,
-            prefill_tokens + decode_seqs, prefill_tokens, decode_seqs, padding_rows,
-            scheduler.block_manager.num_used_blocks, len(scheduler.waiting),
-            len(scheduler.running), len(plan.preempted))))
+        batch_size = len(plan.requests) + plan.deferred_decodes + padding_rows
+        num_tokens = prefill_tokens + decode_seqs
+        kv_blocks_used = scheduler.block_manager.num_used_blocks
+        num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
+        num_preempted = len(plan.preempted)
+        self.steps.append(_step_record((
+            start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
+            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted)))
         return finished
 
     def quiet_steps(self, start_s: float, durations: list[float], first: int, last: int,
@@ -137,10 +141,11 @@ class Engine:
                 scheduler.finish_deferred(finished, end_s)
                 for request in finished:
                     self.backend.free(request)
-            record(_step_record((  # StepRecord's fields, in order
+            kv_blocks_used = bm.num_used_blocks
+            num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
+            record(_step_record((
                 start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-                padding_rows, bm.num_used_blocks, len(scheduler.waiting),
-                len(scheduler.running), num_preempted)))
+                padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted)))
             start_s = end_s
             if on_step is not None:
                 on_step(end_s, finished)

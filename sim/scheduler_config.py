@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from sim.eviction import EVICTIONS
 from sim.policies import BATCHING
@@ -113,3 +114,10 @@ class SchedulerConfig:
         if self.queue_aging_s is not None:
             return self.queue_aging_s
         return math.inf if self.queue == "fair" else DEFAULT_QUEUE_AGING_S
+
+    def as_record(self) -> dict[str, Any]:
+        """The config as `--json` records it: the token budget and aging bound in force (an
+        unbounded one as null)."""
+        aging_s = self.aging_s
+        return {**asdict(self), "token_budget": self.budget,
+                "queue_aging_s": aging_s if math.isfinite(aging_s) else None}
