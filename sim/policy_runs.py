@@ -28,6 +28,7 @@ from sim.metrics import (
 )
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import RunResult, run_trace
+from sim.verdict import VerdictReached
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 
@@ -87,11 +88,22 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
                    on_step: Callable[[float, list[Request]], None] | None = None,
                    ) -> tuple[RunResult, ClusterResult | None]:
     """Requests through one engine, or through the cluster `cluster` describes (every
-    engine with its own scheduler of `config`); the cluster's own result when there is one."""
-    if cluster is None or cluster.num_engines == 1 and not cluster.disaggregated:
-        return run_trace(requests, Engine(Scheduler(config), backend), on_step=on_step), None
-    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
-    ran = run_cluster(requests, engines, cluster, on_step=on_step)
+    engine with its own scheduler of `config`); the cluster's own result when there is one.
+    An on_step that raises VerdictReached (sim.verdict.SloWatch) stops the replay: the run
+    as it stood, with its stop time (and no cluster result)."""
+    single = cluster is None or cluster.num_engines == 1 and not cluster.disaggregated
+    engines = [Engine(Scheduler(config), backend)
+               for _ in range(1 if single else cluster.num_engines)]
+    try:
+        if single:
+            return run_trace(requests, engines[0], on_step=on_step), None
+        ran = run_cluster(requests, engines, cluster, on_step=on_step)
+    except VerdictReached as stop:
+        return RunResult(
+            requests=list(requests), steps=[s for e in engines for s in e.steps],
+            num_preemptions=sum(e.scheduler.num_preemptions for e in engines),
+            num_blocks=config.num_blocks, max_num_seqs=config.max_num_seqs,
+            stopped_s=stop.stopped_s), None
     return ran.run_result(), ran
 
 

@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from sim.cluster import ClusterConfig
-from sim.core import Backend
+from sim.core import Backend, Request
 from sim.metrics import Slo, summarize
 from sim.policy_runs import run_deployment
 from sim.scheduler import SchedulerConfig
+from sim.verdict import SloWatch
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
@@ -38,6 +39,8 @@ class SweepPoint:
     num_blocks: int | None = None
     token_budget: int | None = None
     max_num_seqs: int = 256
+    # Stop the run once it certainly misses this SLO (sim.verdict); None: run to the end.
+    verdict: CapacitySlo | None = None
 
     @property
     def config_key(self) -> tuple:
@@ -116,17 +119,31 @@ def grid(policies: Sequence[str], qps_scales: Sequence[float],
 
 
 def run_point(context: SweepContext, point: SweepPoint) -> dict:
-    """Simulate one point; its row: the point, the resolved limits, the rate, the summary."""
+    """Simulate one point; its row: the point, the resolved limits, the rate, the summary
+    (and `stopped_s` when the point carries a verdict SLO: when the run stopped, certain it
+    fails, or None)."""
     config = context.config(point)  # invalid combinations fail here, naming the limit
     trace = scale_qps(context.trace, point.qps_scale) if point.qps_scale != 1 else context.trace
-    result, _ = run_deployment(requests_from_trace(trace), config, context.backend,
-                               context.cluster)
+    requests = requests_from_trace(trace)
+    result, _ = run_deployment(requests, config, context.backend, context.cluster,
+                               verdict_watch(requests, point.verdict, config))
     summary = summarize(result, context.slo)
     row = asdict(point)
+    del row["verdict"]
     row.update(num_blocks=config.num_blocks, token_budget=config.budget,
                rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+    if point.verdict is not None:
+        row["stopped_s"] = result.stopped_s
     row.update(summary)
     return row
+
+
+def verdict_watch(requests: list[Request], slo: CapacitySlo | None,
+                  config: SchedulerConfig) -> SloWatch | None:
+    """The step hook that stops a run once it certainly misses slo (None: no stop)."""
+    if slo is None:
+        return None
+    return SloWatch(requests, slo.ttft_p99_ms, slo.itl_p99_ms, config.never_fits)
 
 
 Runner = Callable[[Sequence[SweepPoint]], list[dict]]  # points -> rows, in order
@@ -144,8 +161,10 @@ class Capacity:
 
 
 def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
-                  low: float, high: float, rel_tol: float = 0.05) -> list[Capacity]:
-    """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol.
+                  low: float, high: float, rel_tol: float = 0.05,
+                  stop_early: bool = True) -> list[Capacity]:
+    """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
+    stop_early: each probe stops once it certainly misses the SLO (the same verdicts).
 
     Each round runs one probe per unfinished configuration through `runner`, so a pool
     works on all configurations at once. Latency is assumed to grow with the rate, which
@@ -155,6 +174,8 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         raise ValueError(f"capacity search needs 0 < low < high, got {low}, {high}")
     if not rel_tol > 0:
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
+    verdict = slo if stop_early else None
+    configs = [replace(c, verdict=verdict) for c in configs]
     edges = runner([replace(c, qps_scale=s) for c in configs for s in (low, high)])
     state = []
     for i, config in enumerate(configs):
@@ -183,7 +204,8 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
     for s in state:
         row = s["row"]
         scale = s["lo"] if row is not None else 0.0
-        out.append(Capacity(point=replace(s["config"], qps_scale=scale), qps_scale=scale,
+        out.append(Capacity(point=replace(s["config"], qps_scale=scale, verdict=None),
+                            qps_scale=scale,
                             rate_rps=row["rate_rps"] if row is not None else 0.0,
                             bounded=s["bounded"], probes=s["probes"]))
     return out

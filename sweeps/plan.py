@@ -29,7 +29,7 @@ from sim.policy_runs import run_deployment
 from sim.router import RouterConfig
 from sim.scheduler import SchedulerConfig
 from sim.workload import requests_from_trace
-from sweeps.grid import CapacitySlo, Runner
+from sweeps.grid import CapacitySlo, Runner, verdict_watch
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
 
@@ -67,6 +67,8 @@ class PlanPoint:
     family: Family
     scale: int
     qps_scale: float = 1.0
+    # Stop the run once it certainly misses this SLO (sim.verdict); None: run to the end.
+    verdict: CapacitySlo | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,9 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
     trace = context.trace
     if point.qps_scale != 1:
         trace = scale_qps(trace, point.qps_scale)
-    result, _ = run_deployment(requests_from_trace(trace), config, backend, cluster)
+    requests = requests_from_trace(trace)
+    result, _ = run_deployment(requests, config, backend, cluster,
+                               verdict_watch(requests, point.verdict, config))
     summary = summarize(result)
     family = point.family
     gpus = cluster.num_engines * family.tp
@@ -133,7 +137,8 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
         scale=point.scale, engines=cluster.num_engines, gpus=gpus,
         usd_per_hour=gpus * gpu_hour_usd(family.hardware, context.prices),
         qps_scale=point.qps_scale, num_blocks=config.num_blocks,
-        rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+        rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf,
+        stopped_s=result.stopped_s)
     row.update(summary)
     row["meets_slo"] = context.slo.met(row)
     return row
@@ -154,16 +159,18 @@ def fitting_families(context: PlanContext, families: Sequence[Family]
 
 
 def smallest_scales(runner: Runner, families: Sequence[Family], slo: CapacitySlo,
-                    max_engines: int) -> tuple[list[dict], list[dict]]:
+                    max_engines: int, stop_early: bool = True) -> tuple[list[dict], list[dict]]:
     """Each family's smallest scale meeting the SLO (doubling, then bisection); returns the
-    row of each family that met it at some scale within max_engines, and every probe."""
+    row of each family that met it at some scale within max_engines, and every probe.
+    stop_early: each probe stops once it certainly misses the SLO (the same verdicts)."""
+    verdict = slo if stop_early else None
     state = [{"family": f, "fail": 0, "ok": None, "next": 1} for f in families]
     probes: list[dict] = []
     while True:
         open_ = [s for s in state if s["next"] is not None]
         if not open_:
             break
-        rows = runner([PlanPoint(s["family"], s["next"]) for s in open_])
+        rows = runner([PlanPoint(s["family"], s["next"], verdict=verdict) for s in open_])
         probes += rows
         for s, row in zip(open_, rows, strict=True):
             scale = s["next"]
