@@ -162,9 +162,11 @@ class Capacity:
 
 def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
                   low: float, high: float, rel_tol: float = 0.05,
-                  stop_early: bool = True) -> list[Capacity]:
+                  stop_early: bool = True,
+                  known_low: Sequence[dict | None] | None = None) -> list[Capacity]:
     """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
-    stop_early: each probe stops once it certainly misses the SLO (the same verdicts).
+    stop_early: each probe stops once it certainly misses the SLO (the same verdicts);
+    known_low: each configuration's row at `low` if it was already run (not run again).
 
     Each round runs one probe per unfinished configuration through `runner`, so a pool
     works on all configurations at once. Latency is assumed to grow with the rate, which
@@ -176,10 +178,15 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
     verdict = slo if stop_early else None
     configs = [replace(c, verdict=verdict) for c in configs]
-    edges = runner([replace(c, qps_scale=s) for c in configs for s in (low, high)])
+    known = list(known_low) if known_low is not None else [None] * len(configs)
+    if len(known) != len(configs):
+        raise ValueError(f"known_low has {len(known)} rows for {len(configs)} configurations")
+    edges = iter(runner([replace(c, qps_scale=s) for c, row in zip(configs, known, strict=True)
+                         for s in ((high,) if row is not None else (low, high))]))
     state = []
-    for i, config in enumerate(configs):
-        lo_row, hi_row = edges[2 * i], edges[2 * i + 1]
+    for config, row in zip(configs, known, strict=True):
+        lo_row = row if row is not None else next(edges)
+        hi_row = next(edges)
         search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": ""}
         if slo.met(hi_row):
             search.update(lo=high, row=hi_row, bounded="above-range")
