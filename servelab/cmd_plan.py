@@ -146,11 +146,12 @@ def _run(args: argparse.Namespace) -> int:
         met = search.met
         best = cheapest(met, per="hardware")
         run.skip(search.skipped)
-        known = [r if r["qps_scale"] == low and not args.exhaustive else None for r in best]
+        known = [[] if args.exhaustive else [r] for r in best]
         found = find_capacity(run, [PlanPoint(_family(r), r["scale"]) for r in best], slo,
                               low, high, stop_early=not args.exhaustive,
-                              known_low=known) if best else []
-        run.skip(sum(r is not None for r in known))
+                              known=known) if best else []
+        run.skip(sum(p is r for c, rows in zip(found, known, strict=True) for p in c.probes
+                     for r in rows))
     probes = search.probes
     for row, capacity in zip(best, found, strict=True):
         row["max_qps_scale"] = capacity.qps_scale

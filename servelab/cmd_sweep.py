@@ -127,8 +127,12 @@ def _run(args: argparse.Namespace) -> int:
         rows = runner(points)
         if args.capacity:
             configs = list({p.config_key: p for p in points}.values())
+            ran: dict[tuple, list[dict]] = {}  # the grid's rows reused by the bisection
+            for point, row in zip(points, rows, strict=True):
+                ran.setdefault(point.config_key, []).append(row)
             capacities = find_capacity(runner, configs, capacity_slo, low, high,
-                                       stop_early=not args.capacity_full_runs)
+                                       stop_early=not args.capacity_full_runs,
+                                       known=[ran[c.config_key] for c in configs])
     table = pd.DataFrame(rows).sort_values(["policy", "num_blocks", "token_budget",
                                             "max_num_seqs", "qps_scale"], kind="stable")
     trace = context.trace
@@ -138,8 +142,9 @@ def _run(args: argparse.Namespace) -> int:
     if capacities:
         print(format_capacity(capacities, capacity_slo))
         counts = runner.counts
+        reused = sum(p is r for c in capacities for p in c.probes for r in rows)
         print(f"  {counts['started'] - len(rows)} capacity runs, {counts['stopped']} of them "
-              "stopped early (certain to miss the SLO)")
+              f"stopped early (certain to miss the SLO); {reused} probes reused a sweep row")
     if args.out is not None:
         _write_out(args.out, table, capacities, capacity_slo, trace.name)
     if args.json is not None:

@@ -163,10 +163,11 @@ class Capacity:
 def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
                   low: float, high: float, rel_tol: float = 0.05,
                   stop_early: bool = True,
-                  known_low: Sequence[dict | None] | None = None) -> list[Capacity]:
+                  known: Sequence[Sequence[dict]] | None = None) -> list[Capacity]:
     """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
     stop_early: each probe stops once it certainly misses the SLO (the same verdicts);
-    known_low: each configuration's row at `low` if it was already run (not run again).
+    known: rows each configuration already ran (a sweep's), reused for a probe at the
+    same qps_scale instead of running it again (a run is deterministic).
 
     Each round runs one probe per unfinished configuration through `runner`, so a pool
     works on all configurations at once. Latency is assumed to grow with the rate, which
@@ -178,15 +179,15 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
     verdict = slo if stop_early else None
     configs = [replace(c, verdict=verdict) for c in configs]
-    known = list(known_low) if known_low is not None else [None] * len(configs)
-    if len(known) != len(configs):
-        raise ValueError(f"known_low has {len(known)} rows for {len(configs)} configurations")
-    edges = iter(runner([replace(c, qps_scale=s) for c, row in zip(configs, known, strict=True)
-                         for s in ((high,) if row is not None else (low, high))]))
+    by_scale = [{row["qps_scale"]: row for row in rows}
+                for rows in (known if known is not None else [()] * len(configs))]
+    if len(by_scale) != len(configs):
+        raise ValueError(f"known has rows for {len(by_scale)} of {len(configs)} configurations")
+    edges = iter(_probe(runner, [(i, replace(c, qps_scale=s)) for i, c in enumerate(configs)
+                                 for s in (low, high)], by_scale))
     state = []
-    for config, row in zip(configs, known, strict=True):
-        lo_row = row if row is not None else next(edges)
-        hi_row = next(edges)
+    for config in configs:
+        lo_row, hi_row = next(edges), next(edges)
         search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": ""}
         if slo.met(hi_row):
             search.update(lo=high, row=hi_row, bounded="above-range")
@@ -200,7 +201,8 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         if not open_:
             break
         mids = [math.sqrt(s["lo"] * s["hi"]) for s in open_]
-        rows = runner([replace(s["config"], qps_scale=m) for s, m in zip(open_, mids, strict=True)])
+        rows = _probe(runner, [(state.index(s), replace(s["config"], qps_scale=m))
+                               for s, m in zip(open_, mids, strict=True)], by_scale)
         for s, mid, row in zip(open_, mids, rows, strict=True):
             s["probes"].append(row)
             if slo.met(row):
@@ -216,6 +218,15 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
                             rate_rps=row["rate_rps"] if row is not None else 0.0,
                             bounded=s["bounded"], probes=s["probes"]))
     return out
+
+
+def _probe(runner: Runner, wanted: list[tuple[int, SweepPoint]],
+           by_scale: list[dict[float, dict]]) -> list[dict]:
+    """The rows of (configuration index, point) pairs: known ones reused, the rest run."""
+    rows = [by_scale[i].get(point.qps_scale) for i, point in wanted]
+    ran = iter(runner([point for (_, point), row in zip(wanted, rows, strict=True)
+                       if row is None]))
+    return [row if row is not None else next(ran) for row in rows]
 
 
 def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:

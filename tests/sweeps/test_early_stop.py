@@ -55,3 +55,22 @@ def test_capacity_is_the_same_with_and_without_early_stops(trace):
     assert [c.rate_rps for c in early] == [c.rate_rps for c in full]
     assert any(p["stopped_s"] is not None for c in early for p in c.probes)
     assert all(c.point.verdict is None for c in early)
+
+
+def test_capacity_reuses_rows_already_run_at_a_probed_rate(trace):
+    context = SweepContext(trace, BACKEND, num_blocks=2000)
+    config = SweepPoint("chunked", 1.0)
+    seen: list[SweepPoint] = []
+
+    def runner(points):
+        seen.extend(points)
+        return [run_point(context, p) for p in points]
+
+    plain = find_capacity(runner, [config], SLO, 0.5, 32.0)
+    probed = len(seen)
+    at_4 = run_point(context, SweepPoint("chunked", 4.0))  # sqrt(0.5 * 32): the first midpoint
+    seen.clear()
+    reused = find_capacity(runner, [config], SLO, 0.5, 32.0, known=[[at_4]])
+    assert reused[0].qps_scale == plain[0].qps_scale
+    assert len(seen) == probed - 1 and 4.0 not in {p.qps_scale for p in seen}
+    assert any(p is at_4 for p in reused[0].probes)
