@@ -243,5 +243,7 @@ def _write_out(out_dir: Path, probes: list[dict], best: list[dict], slo: Capacit
     table = pd.DataFrame(probes)
     table.to_csv(out_dir / "plan_probes.csv", index=False)
     pd.DataFrame(best).to_csv(out_dir / "plan_cheapest.csv", index=False)
-    path = plan_chart(table, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
+    # A probe stopped early has no p99 to plot (only its requests done by then had one).
+    ran = table[table["stopped_s"].isna()] if "stopped_s" in table else table
+    path = plan_chart(ran, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
     print(f"wrote plan_probes.csv, plan_cheapest.csv and {path.name} to {out_dir}")

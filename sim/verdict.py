@@ -32,6 +32,12 @@ def p99_certainly_over(num_over: int, num_total: int) -> bool:
     return num_total > 0 and num_over >= num_total - math.floor(0.99 * (num_total - 1))
 
 
+def _needed(num_total: int) -> float:
+    """The fewest values over a target that put the p99 of num_total over it (inf: none)."""
+    needed = num_total - math.floor(0.99 * (num_total - 1))
+    return needed if num_total > 0 and p99_certainly_over(needed, num_total) else math.inf
+
+
 class VerdictReached(Exception):  # noqa: N818 (a stop signal, not an error)
     """Raised by an SloWatch from a replay's step hook: the run certainly fails its SLO."""
 
@@ -60,16 +66,22 @@ class SloWatch:
         self.num_gaps = sum(max(r.max_new_tokens - 1, 0) for r in kept)
         self.ttft_over = self.itl_over = 0
         self.unjudged_gaps: list[Request] = []  # finished, gaps not counted yet
+        # The counts over the targets at which each p99 is certainly over (p99_certainly_over,
+        # solved once: the hook runs after every step).
+        self.ttft_needed = _needed(self.num_requests)
+        self.itl_needed = _needed(self.num_gaps)
 
     def __call__(self, now: float, finished: list[Request]) -> None:
         for request in finished:
             if id(request) in self.tracked:
                 self._finished(request)
-        self._pass(now)
+        pending = self.pending
+        if self.passed < len(pending) and (
+                now - pending[self.passed].arrival_s) * 1e3 > self.ttft_ms:
+            self._pass(now)
         if len(self.unjudged_gaps) >= _ITL_BATCH:
             self._count_gaps()
-        if (p99_certainly_over(self.ttft_over, self.num_requests)
-                or p99_certainly_over(self.itl_over, self.num_gaps)):
+        if self.ttft_over >= self.ttft_needed or self.itl_over >= self.itl_needed:
             raise VerdictReached(now)
 
     def _finished(self, request: Request) -> None:

@@ -74,3 +74,14 @@ def test_capacity_reuses_rows_already_run_at_a_probed_rate(trace):
     assert reused[0].qps_scale == plain[0].qps_scale
     assert len(seen) == probed - 1 and 4.0 not in {p.qps_scale for p in seen}
     assert any(p is at_4 for p in reused[0].probes)
+
+
+def test_the_counts_a_watch_stops_at_are_exactly_where_p99_is_certainly_over():
+    from sim.verdict import _needed, p99_certainly_over
+
+    for total in (0, 1, 2, 99, 100, 101, 250, 19366):
+        needed = _needed(total)
+        if total == 0:
+            assert needed == float("inf")
+            continue
+        assert p99_certainly_over(needed, total) and not p99_certainly_over(needed - 1, total)
