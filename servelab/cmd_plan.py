@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -141,8 +142,10 @@ def _run(args: argparse.Namespace) -> int:
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
+        # Rounds of twice the workers: the cheapest probes first, the pool kept busy.
         search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
-                                 None if args.exhaustive else context.usd_per_hour, args.top)
+                                 None if args.exhaustive else context.usd_per_hour, args.top,
+                                 2 * (args.workers or os.cpu_count() or 1))
         met = search.met
         best = cheapest(met, per="hardware")
         run.skip(search.skipped)

@@ -178,13 +178,15 @@ class ScaleSearch:
 def smallest_scales(runner: Runner, families: Sequence[Family], slo: CapacitySlo,
                     max_engines: int, stop_early: bool = True,
                     price: Callable[[Family, int], float] | None = None,
-                    top: int = 0) -> ScaleSearch:
+                    top: int = 0, batch: int | None = None) -> ScaleSearch:
     """Each family's smallest scale meeting the SLO (doubling, then bisection: a family
     that holds at a scale holds at every larger one). stop_early: each probe stops once it
     certainly misses the SLO (the same verdicts). With `price` ($/hour of a family at a
     scale), a family is pruned once its cheapest scale not known to fail is dearer than
     the cheapest holding deployment of its GPU and than the top-th cheapest holding one:
-    it could then enter neither `cheapest` list."""
+    it could then enter neither `cheapest` list. With price and `batch`, each round runs
+    only the `batch` cheapest probes, so cheap holders are found (and dear families pruned)
+    before dear probes run; each family's probes are the same, in the same order."""
     verdict = slo if stop_early else None
     state = [{"family": f, "fail": 0, "ok": None, "next": 1} for f in families]
     out = ScaleSearch([], [])
@@ -194,6 +196,8 @@ def smallest_scales(runner: Runner, families: Sequence[Family], slo: CapacitySlo
         open_ = [s for s in state if s["next"] is not None]
         if not open_:
             break
+        if price is not None and batch is not None:
+            open_ = sorted(open_, key=lambda s: price(s["family"], s["next"]))[:batch]
         rows = runner([PlanPoint(s["family"], s["next"], verdict=verdict) for s in open_])
         out.probes += rows
         for s, row in zip(open_, rows, strict=True):
