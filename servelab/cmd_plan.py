@@ -131,8 +131,7 @@ def _run(args: argparse.Namespace) -> int:
     trace = load_trace_from_args(args)
     context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
-                          args.enable_prefix_caching, args.gpu_memory_utilization,
-                          args.cost)
+                          args.enable_prefix_caching, args.gpu_memory_utilization, args.cost)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")
