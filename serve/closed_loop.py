@@ -13,41 +13,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from serve.bench_prompts import Conversation
+from workloads.sessions import Chain, chains_of
 
-
-@dataclass(frozen=True)
-class Chain:
-    """Requests that wait for each other: one session's turns in order (indices into the
-    run's request list), or a lone request."""
-
-    session_id: str | None
-    start_s: float  # the first request's trace time
-    rows: tuple[int, ...]
+__all__ = ["Chain", "SendRow", "chains_of", "drive"]
 
 
 # Sends request `row` of the run (carrying `conversation`, None outside sessions); returns
 # once its answer has ended, however it ended.
 SendRow = Callable[[int, Conversation | None], Awaitable[None]]
-
-
-def chains_of(sessions: Sequence[str | None], turns: Sequence[int],
-              arrivals_s: Sequence[float]) -> list[Chain]:
-    """Group rows into chains, in the order of their first request's trace time."""
-    by_session: dict[str, list[int]] = {}
-    lone: list[Chain] = []
-    for row, session in enumerate(sessions):
-        if session is None:
-            lone.append(Chain(None, float(arrivals_s[row]), (row,)))
-        else:
-            by_session.setdefault(session, []).append(row)
-    chains = lone
-    for session, rows in by_session.items():
-        rows.sort(key=lambda r: turns[r])
-        chains.append(Chain(session, min(float(arrivals_s[r]) for r in rows), tuple(rows)))
-    return sorted(chains, key=lambda c: c.start_s)
 
 
 async def drive(chains: list[Chain], think_s: Sequence[float], send: SendRow, t0: float,

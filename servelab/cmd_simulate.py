@@ -22,6 +22,7 @@ from servelab.sim_args import (
 from servelab.trace_args import add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
 from sim.policy_runs import PolicyOutcome, simulate_policies
+from workloads import Trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +49,14 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser)
     add_cost_model_args(parser)
     add_output_args(parser)
+    loop = parser.add_argument_group("closed loop")
+    loop.add_argument("--users", type=int, default=None,
+                      help="closed loop: N users, each sending its next request (or session) "
+                           "as soon as its last one finished, as bench-serve --users does")
+    loop.add_argument("--open-loop", action="store_true",
+                      help="replay every arrival time as written, sessions' turns included "
+                           "(default: a session's turn waits for the previous answer plus "
+                           "its think time, as bench-serve sends it)")
 
 
 def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
@@ -59,15 +68,20 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.users is not None and args.users < 1:
+        raise ValueError(f"--users must be >= 1, got {args.users}")
+    if args.users is not None and args.open_loop:
+        raise ValueError("--users runs a closed loop; it does not combine with --open-loop")
     cluster = cluster_from_args(args, deployment)
     trace = load_trace_from_args(args)
     slo = slo_from_args(args)
     outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
-                                  getattr(args, "workers", None), cluster)
+                                  getattr(args, "workers", None), cluster, args.users,
+                                  args.open_loop)
     results = {p: outcomes[p].summary for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
-          f"{describe_cluster(cluster)}")
+          f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
     print(format_summaries(results))
     classes = format_classes(results)
@@ -94,6 +108,15 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
+
+
+def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
+    """How requests are sent: as written, or each after the answer it waits for."""
+    if args.users is not None:
+        return f"closed loop: {args.users} users"
+    if trace.has_sessions and not args.open_loop:
+        return "closed loop: each turn after the previous answer"
+    return "open loop"
 
 
 def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome]) -> None:

@@ -221,7 +221,21 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         dtype=value("dtype", args.dtype), tensor_parallel=value("tensor_parallel", args.tp),
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost)
+        num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost,
+        **_profile_limits(args))
+
+
+def _profile_limits(args: argparse.Namespace) -> dict[str, int]:
+    """The token budget and sequence cap the KV reserve is profiled at, where the command
+    takes one of each (a sweep's grid lists several: the defaults size its pool)."""
+    limits = {}
+    for flag, key in (("token_budget", "max_num_batched_tokens"), ("max_num_seqs", "max_num_seqs")):
+        value = getattr(args, flag, None)
+        if isinstance(value, int):
+            if value < 1:  # named as the scheduler names it, before the reserve reads it
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+            limits[key] = value
+    return limits
 
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.

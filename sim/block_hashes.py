@@ -5,7 +5,8 @@ prefixes. Content is the token ids where a request has them (executor, server), 
 BLAKE2b: a collision would serve another prompt's KV, so the hash must be strong. In pure
 simulation the trace's prefix hash ids stand for the content (Mooncake: one id per
 `PREFIX_BLOCK_TOKENS` prompt tokens; token-granular traces state each id's token count),
-equal ids for equal content; tokens that no hash id covers (the rest of the prompt, the
+equal ids for equal content (a session turn's last id may cover its output: the answer the
+next turn's prompt carries); tokens that no hash id covers (the rest of the prompt, the
 output) are unique to their request: only the request's own recompute after preemption can
 find them. A block is shared only when every one of its tokens is covered, so a 100-token
 shared prefix shares 6 blocks of 16 and the 7th, part prefix and part question, stays own.
@@ -34,10 +35,11 @@ def num_shareable_blocks(request: Request, block_size: int) -> int:
 
 
 def covered_tokens(request: Request) -> int:
-    """Leading prompt tokens the trace's prefix hash ids cover."""
+    """Leading tokens the trace's prefix hash ids cover: prompt tokens, and with token-granular
+    segments, output tokens too where a session's next turn names the answer (sim.workload)."""
     ids = request.prefix_hash_ids or ()
     if request.prefix_hash_tokens is not None:
-        return min(request.prompt_len, sum(request.prefix_hash_tokens))
+        return min(request.prompt_len + request.max_new_tokens, sum(request.prefix_hash_tokens))
     return min(request.prompt_len, len(ids) * PREFIX_BLOCK_TOKENS)
 
 

@@ -153,16 +153,20 @@ class _Cluster:
             delay = request.arrival_s + self.delay_s - env.now
             if delay > 0:
                 yield _Arrival(env, delay)
-            index = self._route(self.router, self.entry, request)
-            self.served[index].append(request)
-            if not self.config.disaggregated:
-                self._add(index, request)
-                continue
-            stand_in = _prefill_stand_in(request)
-            if self._add(index, stand_in):
-                self.origin[id(stand_in)] = request
-            else:  # it can never fit: rejected at once, as a single engine would
-                _copy_finish(stand_in, request)
+            self.enter(request)
+
+    def enter(self, request: Request) -> None:
+        """Route a request that arrives now and queue it (rejected at once if it never fits)."""
+        index = self._route(self.router, self.entry, request)
+        self.served[index].append(request)
+        if not self.config.disaggregated:
+            self._add(index, request)
+            return
+        stand_in = _prefill_stand_in(request)
+        if self._add(index, stand_in):
+            self.origin[id(stand_in)] = request
+        else:  # it can never fit: rejected at once, as a single engine would
+            _copy_finish(stand_in, request)
 
     def _route(self, router: Router, pool: list[int], request: Request) -> int:
         """The engine (an index into self.engines) router picks from pool for request."""
@@ -281,7 +285,8 @@ def _prefill_stand_in(request: Request) -> Request:
     """The request as a prefill engine runs it: the same prompt, one token to produce."""
     return Request(request.request_id, request.arrival_s, request.prompt_len, 1,
                    prompt_token_ids=request.prompt_token_ids, sampling=request.sampling,
-                   prefix_hash_ids=request.prefix_hash_ids)
+                   prefix_hash_ids=request.prefix_hash_ids,
+                   prefix_hash_tokens=request.prefix_hash_tokens)
 
 
 def _copy_finish(source: Request, target: Request) -> None:

@@ -17,6 +17,7 @@ from sim.cost_coefficients import (
     rank_weight_bytes,
 )
 from sim.hardware import GiB, HardwareSpec, hardware_spec
+from sim.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.model_config import resolve_model
 from sim.model_specs import ModelSpec
 
@@ -44,10 +45,10 @@ class AnalyticCostModel:
     # launch gaps. vLLM-class engines with CUDA graphs expose ~0.5-1 ms a step; eager mode
     # (no graphs) 1-3 ms. 1 ms puts Llama-3-8B batch-1 decode on an H100 at ~6.6 ms.
     overhead_s: float = 1e-3
-    # Memory the engine needs besides weights and KV: non-torch memory (CUDA context, cuBLAS
-    # and NCCL workspaces) plus the activation peak of the profiling forward. vLLM's memory
-    # profile of Llama-3-8B on an H100 reports 1.79 + 1.26 GiB (vLLM PR #10511).
-    reserve_bytes: int = 3 * GiB
+    # Memory each GPU needs besides weights and KV: what vLLM's start-up profile holds back
+    # (non-torch memory and the activation peak, sim.kv_reserve). None: profiled at
+    # servelab's defaults (2,048 tokens, 256 sequences); a Deployment passes its own.
+    reserve_bytes: int | None = None
     # GPUs one model instance is split over, Megatron-style as vLLM does it: each GPU holds
     # 1/tp of the linear weights, attention heads and (vocab-parallel) embedding/lm_head.
     tensor_parallel: int = 1
@@ -90,7 +91,7 @@ class AnalyticCostModel:
                 raise ValueError(f"AnalyticCostModel: {key} must be in (0, 1]")
         if not self.overhead_s >= 0.0:
             raise ValueError(f"AnalyticCostModel: overhead_s must be >= 0, got {self.overhead_s}")
-        if self.reserve_bytes < 0:
+        if self.reserve_bytes is not None and self.reserve_bytes < 0:
             raise ValueError("AnalyticCostModel: reserve_bytes must be >= 0")
         if not self.allreduce_latency_s >= 0.0:
             raise ValueError(
@@ -99,6 +100,10 @@ class AnalyticCostModel:
             )
         check_parallel(self.model, self.hardware, self.tensor_parallel, self.data_parallel,
                        self.expert_parallel)
+        if self.reserve_bytes is None:
+            object.__setattr__(self, "reserve_bytes", vllm_reserve_bytes(
+                self.model, ProfileShape(), DTYPE_BYTES[self.dtype], self.tensor_parallel,
+                self.data_parallel, self.expert_parallel))
         for key, value in coefficients(self, DTYPE_BYTES[self.dtype]).items():
             object.__setattr__(self, key, value)
 

@@ -17,6 +17,7 @@ from sim.cost_model import DTYPE_BYTES, AnalyticCostModel
 from sim.gpu_cost import coverage as gpu_coverage
 from sim.gpu_cost import gpu_cost_backend
 from sim.hardware import GiB, HardwareSpec, hardware_spec
+from sim.kv_reserve import DEFAULT_PROFILE_TOKENS, ProfileShape, vllm_reserve_bytes
 from sim.model_config import resolve_model
 from sim.model_specs import ModelSpec
 
@@ -51,6 +52,10 @@ class DeploymentOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_blocks: int | None = None  # overrides the sized pool
+    # What vLLM's memory profile runs (the reserve grows with both): None tokens is
+    # servelab's default budget, sim.kv_reserve.DEFAULT_PROFILE_TOKENS.
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
     cost_model: Path | None = None  # a calibration instead of the analytic model
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
 
@@ -151,7 +156,8 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     cost = AnalyticCostModel(model, hardware, dtype, tensor_parallel=parallel.tensor_parallel,
                              allreduce_latency_s=hardware.interconnect_latency_s,
                              data_parallel=parallel.data_parallel,
-                             expert_parallel=parallel.expert_parallel)
+                             expert_parallel=parallel.expert_parallel,
+                             reserve_bytes=_reserve_bytes(options, model, dtype, parallel))
     block_bytes = model.kv_bytes_per_token(DTYPE_BYTES[dtype]) * options.block_size
     utilization = options.gpu_memory_utilization
     sized = cost.kv_pool_blocks(options.block_size, utilization)
@@ -166,6 +172,18 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}")
+
+
+def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
+                   parallel: Parallelism) -> int:
+    """What vLLM's memory profile holds back on each GPU for these limits (sim.kv_reserve)."""
+    tokens = options.max_num_batched_tokens or DEFAULT_PROFILE_TOKENS
+    try:
+        shape = ProfileShape(tokens, options.max_num_seqs)
+    except ValueError as error:
+        raise ValueError(f"--max-num-batched-tokens / --max-num-seqs: {error}") from None
+    return vllm_reserve_bytes(model, shape, DTYPE_BYTES[dtype], parallel.tensor_parallel,
+                              parallel.data_parallel, parallel.expert_parallel)
 
 
 def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware: HardwareSpec,

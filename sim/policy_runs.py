@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from sim.closed_loop import ClosedLoop, closed_loop, run_closed_cluster, run_closed_trace
 from sim.cluster import ClusterConfig, ClusterResult, run_cluster
 from sim.core import Backend, Request
 from sim.engine import Engine
@@ -56,14 +57,17 @@ class PolicyOutcome:
 
 def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
                     slo: Slo | None, keep_tables: bool, progress: bool = False,
-                    cluster: ClusterConfig | None = None) -> PolicyOutcome:
+                    cluster: ClusterConfig | None = None,
+                    users: int | None = None, open_loop: bool = False) -> PolicyOutcome:
     """Run one policy over the whole trace (a process-pool worker for compare), on one
-    engine or on the cluster described by `cluster`."""
+    engine or on the cluster described by `cluster`: sessions closed-loop (by `users`
+    users if given) unless open_loop replays every arrival time as written."""
     requests = requests_from_trace(trace)
+    loop = closed_loop(trace, requests, users, open_loop)
     bar = tqdm(total=round(trace.span_s, 1), unit="sim-s", file=sys.stderr,
                desc=config.policy, disable=None if progress else True, leave=False)
     on_step = _progress_hook(bar) if progress else None
-    result, ran = run_deployment(requests, config, backend, cluster, on_step)
+    result, ran = run_deployment(requests, config, backend, cluster, on_step, loop)
     replicas = None if ran is None else replica_table(ran)
     bar.close()
     summary = summarize(result, slo)
@@ -86,18 +90,25 @@ def run_tables(result: RunResult, summary: dict) -> RunTables:
 def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Backend,
                    cluster: ClusterConfig | None = None,
                    on_step: Callable[[float, list[Request]], None] | None = None,
+                   loop: ClosedLoop | None = None,
                    ) -> tuple[RunResult, ClusterResult | None]:
     """Requests through one engine, or through the cluster `cluster` describes (every
     engine with its own scheduler of `config`); the cluster's own result when there is one.
     An on_step that raises VerdictReached (sim.verdict.SloWatch) stops the replay: the run
-    as it stood, with its stop time (and no cluster result)."""
+    as it stood, with its stop time (and no cluster result). With a loop, requests arrive as
+    it releases them (sim.closed_loop), not at their times."""
     single = cluster is None or cluster.num_engines == 1 and not cluster.disaggregated
     engines = [Engine(Scheduler(config), backend)
                for _ in range(1 if single else cluster.num_engines)]
     try:
+        if single and loop is not None:
+            return run_closed_trace(requests, engines[0], loop, on_step), None
         if single:
             return run_trace(requests, engines[0], on_step=on_step), None
-        ran = run_cluster(requests, engines, cluster, on_step=on_step)
+        if loop is not None:
+            ran = run_closed_cluster(requests, engines, cluster, loop, on_step)
+        else:
+            ran = run_cluster(requests, engines, cluster, on_step=on_step)
     except VerdictReached as stop:
         return RunResult(
             requests=list(requests), steps=[s for e in engines for s in e.steps],
@@ -121,18 +132,21 @@ def _progress_hook(bar: tqdm):
 
 def simulate_policies(trace: Trace, configs: dict[str, SchedulerConfig], backend: Backend,
                       slo: Slo | None, keep_tables: bool, workers: int | None = None,
-                      cluster: ClusterConfig | None = None) -> dict[str, PolicyOutcome]:
+                      cluster: ClusterConfig | None = None, users: int | None = None,
+                      open_loop: bool = False) -> dict[str, PolicyOutcome]:
     """Each policy over the whole trace, one process each (up to `workers`, default one per
-    core), a progress bar per policy when run in this process."""
+    core), a progress bar per policy when run in this process (users, open_loop: as in
+    simulate_policy)."""
     policies = list(configs)
     workers = workers or min(len(policies), os.cpu_count() or 1)
     if workers == 1 or len(policies) == 1:
-        return {p: simulate_policy(trace, configs[p], backend, slo, keep_tables, True, cluster)
+        return {p: simulate_policy(trace, configs[p], backend, slo, keep_tables, True, cluster,
+                                   users, open_loop)
                 for p in policies}
     context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = {p: pool.submit(simulate_policy, trace, configs[p], backend, slo, keep_tables,
-                                  False, cluster)
+                                  False, cluster, users, open_loop)
                    for p in policies}
         done = {}
         with tqdm(total=len(policies), unit="policy", file=sys.stderr, leave=False,

@@ -1,5 +1,12 @@
 """Turn a workloads Trace into scheduler Requests (trace output length = max_new_tokens;
-prefix hash ids, tenants and priorities kept)."""
+prefix hash ids, tenants and priorities kept).
+
+In a session, the segment that turn k's prompt gives turn k-1's answer is also turn k-1's
+own last segment, over its output tokens: a server caches the answer's blocks as it
+generates them and the next turn's prompt carries those very tokens, so the simulated
+cache finds the answer where a live one does (workloads.sessions.answer_segments; the
+block keys of sim.block_hashes then cover the output).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import dataclasses
 import hashlib
 
 from sim.core import Request, SamplingParams
+from workloads.sessions import answer_segments
 from workloads.trace import Trace
 
 
@@ -43,6 +51,10 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
     if tokens is not None:  # token-granular prefixes: each id covers its own count
         for request, counts in zip(requests, tokens, strict=True):
             request.prefix_hash_tokens = counts
+        for request, answer in zip(requests, answer_segments(trace), strict=True):
+            if answer is not None:  # its output is the next turn's segment answer[0]
+                request.prefix_hash_ids = (*request.prefix_hash_ids, answer[0])
+                request.prefix_hash_tokens = (*request.prefix_hash_tokens, answer[1])
     if "tenant" in table:
         for request, tenant in zip(requests, table["tenant"].tolist(), strict=True):
             request.tenant = str(tenant)
@@ -50,3 +62,4 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
         for request, priority in zip(requests, table["priority"].tolist(), strict=True):
             request.priority = int(priority)
     return requests
+

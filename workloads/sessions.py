@@ -3,17 +3,24 @@ with the oldest turns dropped to fit max_model_len as chat clients truncate.
 
 A turn's arrival_s is the previous turn's arrival plus its think time (as if answers were
 instant): that is what an open-loop replay sends. A closed-loop driver instead releases turn
-k think_s after turn k-1's answer finished, from the trace's session_id, turn and think_s.
+k think_s after turn k-1's answer finished, from the trace's session_id, turn and think_s:
+`chains_of` groups the rows as both closed-loop drivers (the load client's serve.closed_loop
+and the simulator's sim.closed_loop) release them.
+
+A server caches the blocks of the answer it generates, and the next turn's prompt carries
+those very tokens: `answer_segments` names each turn's answer by the segment the next turn
+gives it, so the simulator and the reuse ceiling find it where a live cache does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from workloads.generators import LengthDist
+from workloads.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -135,3 +142,55 @@ def _truncate(system: list[tuple[int, int]], history: list[tuple[int, int]], q_l
     while history and sum(count for _, count in history) + q_len > room:
         history = history[2:]  # one turn: its question and its answer
     return history, q_len
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Requests that wait for each other: one session's turns in order (indices into the
+    run's request list), or a lone request."""
+
+    session_id: str | None
+    start_s: float  # the first request's trace time
+    rows: tuple[int, ...]
+
+
+def chains_of(sessions: Sequence[str | None], turns: Sequence[int],
+              arrivals_s: Sequence[float]) -> list[Chain]:
+    """Group rows into chains, in the order of their first request's trace time."""
+    by_session: dict[str, list[int]] = {}
+    lone: list[Chain] = []
+    for row, session in enumerate(sessions):
+        if session is None:
+            lone.append(Chain(None, float(arrivals_s[row]), (row,)))
+        else:
+            by_session.setdefault(session, []).append(row)
+    chains = lone
+    for session, rows in by_session.items():
+        rows.sort(key=lambda r: turns[r])
+        chains.append(Chain(session, min(float(arrivals_s[r]) for r in rows), tuple(rows)))
+    return sorted(chains, key=lambda c: c.start_s)
+
+
+def answer_segments(trace: Trace) -> list[tuple[int, int] | None]:
+    """Per row, the segment (id, tokens) that stands for its answer: the segment the same
+    session's next turn puts right after this row's whole prompt, if as long as this row's
+    output; None otherwise (the last turn, a truncated history, no sessions or segments)."""
+    answers: list[tuple[int, int] | None] = [None] * len(trace)
+    if not trace.has_sessions or not trace.has_prefix_hashes:
+        return answers
+    table = trace.table
+    ids, tokens = table["prefix_hash_ids"].tolist(), trace.prefix_tokens()
+    prompt, output = trace.prompt_len.tolist(), trace.output_len.tolist()
+    turns = table["turn"].tolist()
+    rows: dict[str, list[int]] = {}
+    for row, session in enumerate(table["session_id"].tolist()):
+        rows.setdefault(session, []).append(row)
+    for session_rows in rows.values():
+        session_rows.sort(key=lambda r: turns[r])
+        for a, b in zip(session_rows, session_rows[1:], strict=False):
+            n = len(ids[a])
+            if (len(ids[b]) > n and list(ids[b][:n]) == list(ids[a])
+                    and list(tokens[b][:n]) == list(tokens[a]) and sum(tokens[a]) == prompt[a]
+                    and tokens[b][n] == output[a]):
+                answers[a] = (int(ids[b][n]), int(tokens[b][n]))
+    return answers

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from workloads.sessions import answer_segments
 from workloads.trace import Trace
 
 MAX_GROUP_LINES = 20  # a log with a tenant per user would bury the table; JSON keeps all
@@ -133,34 +134,47 @@ def prefix_reuse_ceiling(trace: Trace, block_size: int = 16) -> float:
     In arrival order, a request reuses the longest prefix of its hash ids (with their token
     counts) that begins some earlier request's; of that, only full KV blocks of `block_size`
     tokens count, and at least one prompt token is always computed (the step that samples
-    the first token).
+    the first token). A session turn's answer (workloads.sessions.answer_segments) counts as
+    cached after its prompt, all but its last token (the sampled one, never computed).
     """
     if block_size < 1:
         raise ValueError(f"prefix_reuse_ceiling: block_size must be >= 1, got {block_size}")
     prompt = trace.prompt_len
     if not trace.has_prefix_hashes or not prompt.sum():
         return 0.0  # a prompt no id covers is its request's own content
-    root: dict[tuple[int, int], dict] = {}  # a trie of every earlier request's segments
+    root: dict = {}  # a trie of every earlier request's segments
     cached = 0
-    rows = zip(trace.table["prefix_hash_ids"], trace.prefix_tokens(), prompt.tolist(), strict=True)
-    for ids, tokens, prompt_len in rows:
-        matched = _match_and_insert(root, list(zip(ids, tokens, strict=True)))
-        matched_tokens = sum(tokens[:matched])
+    rows = zip(trace.table["prefix_hash_ids"], trace.prefix_tokens(), prompt.tolist(),
+               answer_segments(trace), strict=True)
+    for ids, tokens, prompt_len, answer in rows:
+        matched, short = _match_and_insert(root, list(zip(ids, tokens, strict=True)), answer)
+        matched_tokens = sum(tokens[:matched]) - short
         cached += min(matched_tokens, prompt_len - 1) // block_size * block_size
     return cached / int(prompt.sum())
 
 
-def _match_and_insert(root: dict, segments: list[tuple[int, int]]) -> int:
-    """How many leading segments the trie holds; then add the rest, so it holds them all."""
-    node, matched = root, 0
+_SHORT = "short"  # a trie node's key: its segment is an answer, cached short of its last token
+
+
+def _match_and_insert(root: dict, segments: list[tuple[int, int]],
+                      answer: tuple[int, int] | None) -> tuple[int, int]:
+    """How many leading segments the trie holds, and 1 if the last of them lacks its last
+    token (an answer: nothing after it can match); then add the rest, so it holds them all
+    whole, and the answer after them, short."""
+    node, matched, short = root, 0, 0
     for segment in segments:
         child = node.get(segment)
         if child is None:
             break
         node, matched = child, matched + 1
+        if child.pop(_SHORT, False):  # this prompt computes it whole from now on
+            short = 1
+            break
     for segment in segments[matched:]:
         node = node.setdefault(segment, {})
-    return matched
+    if answer is not None and answer not in node:
+        node[answer] = {_SHORT: True}
+    return matched, short
 
 
 def format_summary(summary: TraceSummary) -> str:

@@ -90,6 +90,8 @@ def test_simulate_out_writes_tables_charts_and_summary(tmp_path, capsys):
         (["simulate", "--trace", "no-such-trace"], "no-such-trace"),
         (["simulate", "--trace", "azure-code", "--hardware", "tpu"], "tpu"),
         (["compare", "--trace", "azure-code", "--workers", "0"], "--workers"),
+        (["simulate", "--trace", "azure-code", "--users", "0"], "--users"),
+        (["compare", "--trace", "azure-code", "--users", "2", "--open-loop"], "--open-loop"),
     ],
 )
 def test_bad_cli_values_give_one_line_and_nonzero_exit(argv, needle, capsys, tmp_path):
@@ -117,3 +119,21 @@ def test_prefix_caching_flag_as_vllm_spells_it(tmp_path, capsys):
     assert off["config"]["scheduler"]["chunked"]["enable_prefix_caching"] is False
     assert (on["results"]["chunked"]["median_ttft_ms"]
             < off["results"]["chunked"]["median_ttft_ms"])
+
+
+def test_concurrency_users_wait_for_their_answers_unless_open_loop(tmp_path, capsys):
+    """concurrency(4,200) is 4 closed-loop users; --open-loop sends all 200 at 0 s, so its
+    requests queue behind each other; --users 4 on the same requests is the same loop."""
+    spec = "synthetic:stages=concurrency(4,200),prompt=fixed(300),output=fixed(40)"
+    argv = ["simulate", "--trace", spec]
+    closed, _, _ = run_json(tmp_path, capsys, *argv, name="closed.json")
+    opened, _, _ = run_json(tmp_path, capsys, *argv, "--open-loop", name="open.json")
+    plain = "synthetic:n=200,rate=1,prompt=fixed(300),output=fixed(40)"
+    users, _, _ = run_json(tmp_path, capsys, "simulate", "--trace", plain, "--users", "4",
+                           name="users.json")
+    closed, opened, users = (r["results"]["continuous"] for r in (closed, opened, users))
+    assert closed["completed"] == opened["completed"] == 200
+    assert closed["max_batch_size"] == 4 and opened["max_batch_size"] > 4
+    assert closed["p99_ttft_ms"] * 10 < opened["p99_ttft_ms"]
+    assert users["max_batch_size"] == 4
+    assert users["request_throughput"] == pytest.approx(closed["request_throughput"])

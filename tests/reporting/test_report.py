@@ -51,7 +51,8 @@ def test_prefix_caching_hit_rate_grows_with_the_pool_up_to_the_ceiling(tmp_path)
     assert hits[2] == pytest.approx(ceiling, abs=5e-3)  # nothing evicted: the ceiling
     runs = section.data["caching_on_off"]
     assert {k: s["prefix_cache_hit_rate"] for k, s in runs.items() if k.endswith("off")} == {
-        "27,669 blocks, caching off": 0.0, "4,000,000 blocks, caching off": 0.0}
+        f"{section.data['default_pool_blocks']:,} blocks, caching off": 0.0,
+        "4,000,000 blocks, caching off": 0.0}
     on, off = runs["4,000,000 blocks, caching on"], runs["4,000,000 blocks, caching off"]
     assert on["median_ttft_ms"] < off["median_ttft_ms"]
     assert f"{ceiling:.0%}" in section.finding and "| 10,000 | 160,000 |" in section.body

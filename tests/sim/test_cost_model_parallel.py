@@ -81,7 +81,8 @@ def test_one_gpu_pool_is_the_single_gpu_budget() -> None:
     cost = AnalyticCostModel.preset("llama-3-8b", "h100")
     weight_bytes = model_spec("llama-3-8b").num_params * 2
     block_bytes = 128 * 1024 * 16  # 128 KiB of K+V per token, 16 tokens a block
-    expected = (0.9 * 80 * GiB - weight_bytes - 3 * GiB) // block_bytes
+    reserve = 366 * 2**20 + 256 * 128_256 * 26  # non-torch + the sampler's logits
+    expected = (0.9 * 80 * GiB - weight_bytes - reserve) // block_bytes
     assert cost.kv_pool_blocks(16) == expected
     assert cost.num_gpus == 1
 
@@ -95,7 +96,12 @@ def test_llama3_70b_needs_several_h100s() -> None:
     assert weight_bytes == pytest.approx(141e9, rel=0.01)
     # 80 layers x 8 KV heads x 128 dims x K,V x 2 bytes = 320 KiB a token, over all GPUs.
     block_bytes = 320 * 1024 * 16
-    expected = (4 * 0.9 * 80 * GiB - weight_bytes - 4 * 3 * GiB) // block_bytes
+    # Each GPU's reserve: non-torch memory, the tensor-parallel group's buffers, and the
+    # sampler (256 x 128,256 x 26 B), larger than a layer's 2,048 x (2 x 8,192 + 3 x 7,168) x 2 B.
+    assert 2048 * (2 * 8192 + 3 * 7168) * 2 < 256 * 128_256 * 26
+    reserve = 366 * 2**20 + 256 * 2**20 + 256 * 128_256 * 26
+    assert four.reserve_bytes == reserve
+    expected = (4 * 0.9 * 80 * GiB - weight_bytes - 4 * reserve) // block_bytes
     assert four.kv_pool_blocks(16) == expected
     assert four.kv_pool_blocks(16) > 25_000  # ~470k tokens of KV
 

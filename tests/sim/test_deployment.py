@@ -18,13 +18,53 @@ from sim.model_config import resolve_model
 GiB = 2**30
 
 
+# The reserve by hand (sim.kv_reserve): 366 MiB of non-torch memory, 256 MiB more per
+# communication group, and the larger of one layer's transient tensors at 2,048 tokens and
+# the sampler's 26 bytes per logit over min(256 sequences, 2,048) rows of the vocabulary.
+NON_TORCH = 366 * 2**20
+COMM_GROUP = 256 * 2**20
+
+
 def test_dense_pool_by_hand_llama_3_8b_on_one_h100() -> None:
     deployment = build_deployment(DeploymentOptions())
-    # 0.9 x 80 GiB, less 8,030,261,248 bf16 weights and the 3 GiB reserve, over a block of
+    # Layer peak: 2,048 tokens x (hidden + residual 2 x 4,096 + gate/up/act 3 x 14,336) x 2 B
+    # = 209,715,200 B, below the sampler's 256 rows x 128,256 x 26 B = 853,671,936 B.
+    layer = 2048 * (2 * 4096 + 3 * 14336) * 2
+    sampler = 256 * 128_256 * 26
+    assert layer < sampler
+    reserve = NON_TORCH + sampler
+    assert deployment.kv_pool.gpu_reserve_bytes == reserve == 1_237_450_752
+    # 0.9 x 80 GiB, less 8,030,261,248 bf16 weights and the reserve, over a block of
     # 16 tokens x 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes.
-    by_hand = int((0.9 * 80 * GiB - 8_030_261_248 * 2 - 3 * GiB) // (16 * 32 * 8 * 128 * 2 * 2))
-    assert deployment.kv_pool.num_blocks == by_hand == 27669
+    by_hand = int((0.9 * 80 * GiB - 8_030_261_248 * 2 - reserve) // (16 * 32 * 8 * 128 * 2 * 2))
+    assert deployment.kv_pool.num_blocks == by_hand == 28615
     assert deployment.kv_pool.sized_by == "vllm"
+
+
+def test_rtx_4090_pool_is_vllm_0_19s_measured_2588_blocks() -> None:
+    # The run in workloads/data/vllm-runs/RTX4090/Llama-3.1-8B (the non-torch constant's
+    # one data point): 2,048 tokens, 256 sequences, 0.9 of 25,250,627,584 B.
+    deployment = build_deployment(DeploymentOptions(
+        "meta-llama/Llama-3.1-8B", "rtx-4090", "bfloat16", max_num_batched_tokens=2048,
+        max_num_seqs=256))
+    assert deployment.kv_pool.num_blocks == 2588
+
+
+def test_reserve_grows_with_the_profiled_limits_and_the_groups() -> None:
+    def reserve(**kwargs) -> int:
+        return build_deployment(DeploymentOptions(**kwargs)).kv_pool.gpu_reserve_bytes
+
+    assert reserve(max_num_seqs=128) == NON_TORCH + 128 * 128_256 * 26
+    # 16,384 tokens: the layer (16,384 x 51,200 x 2 B) outgrows the sampler.
+    assert reserve(max_num_batched_tokens=16384) == NON_TORCH + 16384 * 51_200 * 2
+    # tp 2: a tensor-parallel group's buffers; the sampler still holds the whole vocabulary.
+    assert reserve(tensor_parallel=2) == NON_TORCH + COMM_GROUP + 256 * 128_256 * 26
+
+
+def test_num_blocks_overrides_the_sized_pool() -> None:
+    pool = build_deployment(DeploymentOptions(num_blocks=1234)).kv_pool
+    assert (pool.num_blocks, pool.sized_by) == (1234, "--num-blocks")
+    assert "1234 blocks" in pool.describe()
 
 
 def test_moe_pool_by_hand_qwen3_30b_a3b_dp2_ep_on_rtx_pro_6000() -> None:
@@ -35,10 +75,19 @@ def test_moe_pool_by_hand_qwen3_30b_a3b_dp2_ep_on_rtx_pro_6000() -> None:
     dense = 30_532_122_624 - experts
     rank_weight_bytes = (dense + experts // 2) * 2  # each of 2 GPUs holds half the experts
     kv_block = 16 * 48 * 4 * 128 * 2 * 2
-    by_hand = int((0.9 * 96 * GiB - rank_weight_bytes - 3 * GiB) // kv_block)
+    # MoE layer: hidden + residual (2,048 x 2 x 2,048), the 2 ranks' gathered hidden states
+    # (4,096 x 2,048), router scores (4,096 x 128), and 4,096 x 8 routed rows of gate/up,
+    # activation (3 x 768) and down output (2,048), x 2 B = 319,815,680 B; the sampler's
+    # 256 x 151,936 x 26 B = 1,011,286,016 B is larger. One data-parallel group's buffers.
+    layer = (2048 * 2 * 2048 + 4096 * 2048 + 4096 * 128 + 4096 * 8 * (3 * 768 + 2048)) * 2
+    sampler = 256 * 151_936 * 26
+    assert layer < sampler
+    reserve = NON_TORCH + COMM_GROUP + sampler
+    assert deployment.kv_pool.gpu_reserve_bytes == reserve == 1_663_500_288
+    by_hand = int((0.9 * 96 * GiB - rank_weight_bytes - reserve) // kv_block)
     assert deployment.kv_pool.gpu_weight_bytes == rank_weight_bytes
-    assert deployment.kv_pool.num_blocks == by_hand == 36542
-    assert "KV pool: 36542 blocks" in deployment.kv_pool.describe()
+    assert deployment.kv_pool.num_blocks == by_hand == 37533
+    assert "KV pool: 37533 blocks" in deployment.kv_pool.describe()
 
 
 def test_deployment_is_frozen_and_its_json_is_whole() -> None:
@@ -74,6 +123,8 @@ def test_vllm_dtype_spellings(text: str, dtype: str) -> None:
     (DeploymentOptions("mistralai/Mixtral-8x7B-v0.1", "h200", data_parallel=3,
                        expert_parallel=True), "do not split"),
     (DeploymentOptions("meta-llama/Llama-3.1-70B", "rtx-4090"), "does not fit"),
+    (DeploymentOptions(max_num_seqs=0), "max_num_seqs"),
+    (DeploymentOptions(max_num_batched_tokens=-5), "max_num_batched_tokens"),
 ])
 def test_bad_options_name_what_is_wrong(options: DeploymentOptions, message: str) -> None:
     with pytest.raises(ValueError, match=message):
