@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sim.core import FinishReason, Request
+from sim.verdict import p99_certainly_over
 from sweeps.grid import CapacitySlo
 
 
@@ -50,13 +51,6 @@ class CapacityResult:
 # Runs one stage at a rate within a time limit; its row: rate_rps, passed, and whether it
 # was cut short by the limit (`incomplete`), plus whatever it measured.
 RunStage = Callable[[float, float], Awaitable[dict]]
-
-
-def p99_certainly_over(num_over: int, num_total: int) -> bool:
-    """Whether the 99th percentile (numpy's linear interpolation) of num_total values exceeds
-    a target once num_over of them do, whatever the others are: both values it interpolates
-    between are then over."""
-    return num_total > 0 and num_over >= num_total - math.floor(0.99 * (num_total - 1))
 
 
 @dataclass(frozen=True)

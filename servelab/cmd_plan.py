@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -81,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="qps scales to search the cheapest per GPU's highest rate in")
     out.add_argument("--json", type=Path, default=None)
     out.add_argument("--out", type=Path, default=None, help="tables and the chart")
+    out.add_argument("--exhaustive", action="store_true",
+                     help="run every probe to its end and prune no deployment (the same "
+                          "answers, slower)")
     out.add_argument("--workers", type=int, default=None)
     out.add_argument("--ray", metavar="ADDRESS", default=None)
     plan.set_defaults(func=_run)
@@ -137,20 +141,37 @@ def _run(args: argparse.Namespace) -> int:
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
-        met, probes = smallest_scales(run, families, slo, args.max_engines)
+        # Rounds of twice the workers: the cheapest probes first, the pool kept busy.
+        search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
+                                 None if args.exhaustive else context.usd_per_hour, args.top,
+                                 2 * (args.workers or os.cpu_count() or 1))
+        met = search.met
         best = cheapest(met, per="hardware")
+        run.skip(search.skipped)
+        known = [[] if args.exhaustive else [r] for r in best]
         found = find_capacity(run, [PlanPoint(_family(r), r["scale"]) for r in best], slo,
-                              low, high) if best else []
+                              low, high, stop_early=not args.exhaustive,
+                              known=known) if best else []
+        run.skip(sum(p is r for c, rows in zip(found, known, strict=True) for p in c.probes
+                     for r in rows))
+    probes = search.probes
     for row, capacity in zip(best, found, strict=True):
         row["max_qps_scale"] = capacity.qps_scale
         row["max_rate_rps"] = capacity.rate_rps
-    _print(trace, slo, best, cheapest(met)[:args.top], len(probes))
-    for row in [*best, *cheapest(met)[:args.top]]:
+    top = cheapest(met)[:args.top]
+    _mark_unsearched(top, best)
+    _print(trace, slo, best, top, run.counts)
+    for line in (f"not searched: {f.label()} (dearer than {x})" for f, x in search.pruned):
+        print(line)
+    for row in [*best, *top]:
         row["simulate_args"] = simulate_args(row, context)
     payload = {"trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
                "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
-               "cheapest_per_hardware": best, "cheapest": cheapest(met)[:args.top],
-               "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost)}
+               "cheapest_per_hardware": best, "cheapest": top,
+               "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost),
+               "runs": run.counts,
+               "not_searched": [{"deployment": f.label(), "dearer_than": x}
+                                for f, x in search.pruned]}
     if args.out is not None:
         _write_out(args.out, probes, best, slo, trace.name)
     if args.json is not None:
@@ -180,10 +201,24 @@ def _print_pricing(context: PlanContext, families: list) -> None:
         print(f"  {gpu_coverage(context.model, hardware, budget)}")
 
 
-def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], probes: int) -> None:
+def _mark_unsearched(top: list[dict], best: list[dict]) -> None:
+    """Rows of `top` whose highest rate was not searched (only each GPU's cheapest is) say
+    which deployment they are dearer than instead of a missing number."""
+    cheapest_of = {row["hardware"]: row for row in best}
+    for row in top:
+        if "max_rate_rps" not in row:
+            other = cheapest_of[row["hardware"]]
+            row["max_rate_rps"] = (
+                f"not searched (dearer than {other['deployment']})"
+                if row["usd_per_hour"] > other["usd_per_hour"] else
+                f"not searched (as dear as {other['deployment']}, whose p99 TTFT is lower)")
+
+
+def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], counts: dict) -> None:
     print(f"plan for {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} "
           f"req/s; p99 TTFT <= {slo.ttft_p99_ms:g} ms, p99 ITL <= {slo.itl_p99_ms:g} ms; "
-          f"{probes} simulations")
+          f"{counts['started']} simulations started, {counts['stopped']} stopped early "
+          f"(certain to miss the SLO), {counts['skipped']} skipped")
     if not best:
         print("no deployment in the search space holds the SLO")
         return
@@ -195,6 +230,9 @@ def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], probes: i
 
 def _table(rows: list[dict]) -> str:
     frame = pd.DataFrame(rows)
+    if "max_rate_rps" in frame:  # a number, or why there is none
+        frame["max_rate_rps"] = [f"{v:.4g}" if isinstance(v, float) else v
+                                 for v in frame["max_rate_rps"]]
     columns = [c for c in _TABLE if c in frame]
     return frame[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
@@ -207,5 +245,7 @@ def _write_out(out_dir: Path, probes: list[dict], best: list[dict], slo: Capacit
     table = pd.DataFrame(probes)
     table.to_csv(out_dir / "plan_probes.csv", index=False)
     pd.DataFrame(best).to_csv(out_dir / "plan_cheapest.csv", index=False)
-    path = plan_chart(table, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
+    # A probe stopped early has no p99 to plot (only its requests done by then had one).
+    ran = table[table["stopped_s"].isna()] if "stopped_s" in table else table
+    path = plan_chart(ran, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
     print(f"wrote plan_probes.csv, plan_cheapest.csv and {path.name} to {out_dir}")

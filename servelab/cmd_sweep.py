@@ -72,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="bisect each configuration's rate for the largest meeting the SLO")
     cap.add_argument("--capacity-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
     cap.add_argument("--capacity-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
+    cap.add_argument("--capacity-full-runs", action="store_true",
+                     help="run every capacity probe to its end instead of stopping it once "
+                          "it certainly misses the SLO (the same capacities, slower)")
     cap.add_argument("--capacity-range", default="0.25,16",
                      help="LOW,HIGH qps scales to search between (default 0.25,16)")
     sweep.set_defaults(func=_run)
@@ -124,7 +127,12 @@ def _run(args: argparse.Namespace) -> int:
         rows = runner(points)
         if args.capacity:
             configs = list({p.config_key: p for p in points}.values())
-            capacities = find_capacity(runner, configs, capacity_slo, low, high)
+            ran: dict[tuple, list[dict]] = {}  # the grid's rows reused by the bisection
+            for point, row in zip(points, rows, strict=True):
+                ran.setdefault(point.config_key, []).append(row)
+            capacities = find_capacity(runner, configs, capacity_slo, low, high,
+                                       stop_early=not args.capacity_full_runs,
+                                       known=[ran[c.config_key] for c in configs])
     table = pd.DataFrame(rows).sort_values(["policy", "num_blocks", "token_budget",
                                             "max_num_seqs", "qps_scale"], kind="stable")
     trace = context.trace
@@ -133,6 +141,10 @@ def _run(args: argparse.Namespace) -> int:
     print(format_sweep(table))
     if capacities:
         print(format_capacity(capacities, capacity_slo))
+        counts = runner.counts
+        reused = sum(p is r for c in capacities for p in c.probes for r in rows)
+        print(f"  {counts['started'] - len(rows)} capacity runs, {counts['stopped']} of them "
+              f"stopped early (certain to miss the SLO); {reused} probes reused a sweep row")
     if args.out is not None:
         _write_out(args.out, table, capacities, capacity_slo, trace.name)
     if args.json is not None:

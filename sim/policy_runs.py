@@ -29,6 +29,7 @@ from sim.metrics import (
 )
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import RunResult, run_trace
+from sim.verdict import VerdictReached
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 
@@ -93,17 +94,27 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
                    ) -> tuple[RunResult, ClusterResult | None]:
     """Requests through one engine, or through the cluster `cluster` describes (every
     engine with its own scheduler of `config`); the cluster's own result when there is one.
-    With a loop, requests arrive as it releases them (sim.closed_loop), not at their times."""
-    if cluster is None or cluster.num_engines == 1 and not cluster.disaggregated:
-        engine = Engine(Scheduler(config), backend)
+    An on_step that raises VerdictReached (sim.verdict.SloWatch) stops the replay: the run
+    as it stood, with its stop time (and no cluster result). With a loop, requests arrive as
+    it releases them (sim.closed_loop), not at their times."""
+    single = cluster is None or cluster.num_engines == 1 and not cluster.disaggregated
+    engines = [Engine(Scheduler(config), backend)
+               for _ in range(1 if single else cluster.num_engines)]
+    try:
+        if single and loop is not None:
+            return run_closed_trace(requests, engines[0], loop, on_step), None
+        if single:
+            return run_trace(requests, engines[0], on_step=on_step), None
         if loop is not None:
-            return run_closed_trace(requests, engine, loop, on_step), None
-        return run_trace(requests, engine, on_step=on_step), None
-    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
-    if loop is not None:
-        ran = run_closed_cluster(requests, engines, cluster, loop, on_step)
-    else:
-        ran = run_cluster(requests, engines, cluster, on_step=on_step)
+            ran = run_closed_cluster(requests, engines, cluster, loop, on_step)
+        else:
+            ran = run_cluster(requests, engines, cluster, on_step=on_step)
+    except VerdictReached as stop:
+        return RunResult(
+            requests=list(requests), steps=[s for e in engines for s in e.steps],
+            num_preemptions=sum(e.scheduler.num_preemptions for e in engines),
+            num_blocks=config.num_blocks, max_num_seqs=config.max_num_seqs,
+            stopped_s=stop.stopped_s), None
     return ran.run_result(), ran
 
 

@@ -33,6 +33,9 @@ class RunResult:
     num_preemptions: int
     num_blocks: int
     max_num_seqs: int
+    # When an SLO watch (sim.verdict) stopped the replay, certain it fails; None: it ran
+    # to the end.
+    stopped_s: float | None = None
 
 
 @contextmanager

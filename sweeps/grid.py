@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from sim.cluster import ClusterConfig
-from sim.core import Backend
+from sim.core import Backend, Request
 from sim.metrics import Slo, summarize
 from sim.policy_runs import run_deployment
 from sim.scheduler import SchedulerConfig
+from sim.verdict import SloWatch
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
@@ -38,6 +39,8 @@ class SweepPoint:
     num_blocks: int | None = None
     token_budget: int | None = None
     max_num_seqs: int = 256
+    # Stop the run once it certainly misses this SLO (sim.verdict); None: run to the end.
+    verdict: CapacitySlo | None = None
 
     @property
     def config_key(self) -> tuple:
@@ -116,17 +119,31 @@ def grid(policies: Sequence[str], qps_scales: Sequence[float],
 
 
 def run_point(context: SweepContext, point: SweepPoint) -> dict:
-    """Simulate one point; its row: the point, the resolved limits, the rate, the summary."""
+    """Simulate one point; its row: the point, the resolved limits, the rate, the summary
+    (and `stopped_s` when the point carries a verdict SLO: when the run stopped, certain it
+    fails, or None)."""
     config = context.config(point)  # invalid combinations fail here, naming the limit
     trace = scale_qps(context.trace, point.qps_scale) if point.qps_scale != 1 else context.trace
-    result, _ = run_deployment(requests_from_trace(trace), config, context.backend,
-                               context.cluster)
+    requests = requests_from_trace(trace)
+    result, _ = run_deployment(requests, config, context.backend, context.cluster,
+                               verdict_watch(requests, point.verdict, config))
     summary = summarize(result, context.slo)
     row = asdict(point)
+    del row["verdict"]
     row.update(num_blocks=config.num_blocks, token_budget=config.budget,
                rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+    if point.verdict is not None:
+        row["stopped_s"] = result.stopped_s
     row.update(summary)
     return row
+
+
+def verdict_watch(requests: list[Request], slo: CapacitySlo | None,
+                  config: SchedulerConfig) -> SloWatch | None:
+    """The step hook that stops a run once it certainly misses slo (None: no stop)."""
+    if slo is None:
+        return None
+    return SloWatch(requests, slo.ttft_p99_ms, slo.itl_p99_ms, config.never_fits)
 
 
 Runner = Callable[[Sequence[SweepPoint]], list[dict]]  # points -> rows, in order
@@ -144,8 +161,13 @@ class Capacity:
 
 
 def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
-                  low: float, high: float, rel_tol: float = 0.05) -> list[Capacity]:
-    """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol.
+                  low: float, high: float, rel_tol: float = 0.05,
+                  stop_early: bool = True,
+                  known: Sequence[Sequence[dict]] | None = None) -> list[Capacity]:
+    """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
+    stop_early: each probe stops once it certainly misses the SLO (the same verdicts);
+    known: rows each configuration already ran (a sweep's), reused for a probe at the
+    same qps_scale instead of running it again (a run is deterministic).
 
     Each round runs one probe per unfinished configuration through `runner`, so a pool
     works on all configurations at once. Latency is assumed to grow with the rate, which
@@ -155,10 +177,17 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         raise ValueError(f"capacity search needs 0 < low < high, got {low}, {high}")
     if not rel_tol > 0:
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
-    edges = runner([replace(c, qps_scale=s) for c in configs for s in (low, high)])
+    verdict = slo if stop_early else None
+    configs = [replace(c, verdict=verdict) for c in configs]
+    by_scale = [{row["qps_scale"]: row for row in rows}
+                for rows in (known if known is not None else [()] * len(configs))]
+    if len(by_scale) != len(configs):
+        raise ValueError(f"known has rows for {len(by_scale)} of {len(configs)} configurations")
+    edges = iter(_probe(runner, [(i, replace(c, qps_scale=s)) for i, c in enumerate(configs)
+                                 for s in (low, high)], by_scale))
     state = []
-    for i, config in enumerate(configs):
-        lo_row, hi_row = edges[2 * i], edges[2 * i + 1]
+    for config in configs:
+        lo_row, hi_row = next(edges), next(edges)
         search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": ""}
         if slo.met(hi_row):
             search.update(lo=high, row=hi_row, bounded="above-range")
@@ -172,7 +201,8 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         if not open_:
             break
         mids = [math.sqrt(s["lo"] * s["hi"]) for s in open_]
-        rows = runner([replace(s["config"], qps_scale=m) for s, m in zip(open_, mids, strict=True)])
+        rows = _probe(runner, [(state.index(s), replace(s["config"], qps_scale=m))
+                               for s, m in zip(open_, mids, strict=True)], by_scale)
         for s, mid, row in zip(open_, mids, rows, strict=True):
             s["probes"].append(row)
             if slo.met(row):
@@ -183,10 +213,20 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
     for s in state:
         row = s["row"]
         scale = s["lo"] if row is not None else 0.0
-        out.append(Capacity(point=replace(s["config"], qps_scale=scale), qps_scale=scale,
+        out.append(Capacity(point=replace(s["config"], qps_scale=scale, verdict=None),
+                            qps_scale=scale,
                             rate_rps=row["rate_rps"] if row is not None else 0.0,
                             bounded=s["bounded"], probes=s["probes"]))
     return out
+
+
+def _probe(runner: Runner, wanted: list[tuple[int, SweepPoint]],
+           by_scale: list[dict[float, dict]]) -> list[dict]:
+    """The rows of (configuration index, point) pairs: known ones reused, the rest run."""
+    rows = [by_scale[i].get(point.qps_scale) for i, point in wanted]
+    ran = iter(runner([point for (_, point), row in zip(wanted, rows, strict=True)
+                       if row is None]))
+    return [row if row is not None else next(ran) for row in rows]
 
 
 def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:

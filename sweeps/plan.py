@@ -12,7 +12,7 @@ them at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
@@ -29,7 +29,7 @@ from sim.policy_runs import run_deployment
 from sim.router import RouterConfig
 from sim.scheduler import SchedulerConfig
 from sim.workload import requests_from_trace
-from sweeps.grid import CapacitySlo, Runner
+from sweeps.grid import CapacitySlo, Runner, verdict_watch
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
 
@@ -67,6 +67,8 @@ class PlanPoint:
     family: Family
     scale: int
     qps_scale: float = 1.0
+    # Stop the run once it certainly misses this SLO (sim.verdict); None: run to the end.
+    verdict: CapacitySlo | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class PlanContext:
             self.model, family.hardware, self.dtype, family.tp, family.dp,
             expert_parallel=family.dp > 1, block_size=self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost))
+
+    def usd_per_hour(self, family: Family, scale: int) -> float:
+        """What the family's deployment of that scale costs an hour (all of its GPUs)."""
+        return scale * family.engines_per_scale() * family.tp * gpu_hour_usd(
+            family.hardware, self.prices)
 
     def backend(self, family: Family) -> AnalyticCostModel:
         return self.resolved(family).cost_model
@@ -122,7 +129,9 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
     trace = context.trace
     if point.qps_scale != 1:
         trace = scale_qps(trace, point.qps_scale)
-    result, _ = run_deployment(requests_from_trace(trace), config, backend, cluster)
+    requests = requests_from_trace(trace)
+    result, _ = run_deployment(requests, config, backend, cluster,
+                               verdict_watch(requests, point.verdict, config))
     summary = summarize(result)
     family = point.family
     gpus = cluster.num_engines * family.tp
@@ -131,9 +140,10 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
         deployment=family.label(),
         pd=f"{cluster.num_prefill}:{cluster.num_decode}" if cluster.disaggregated else "",
         scale=point.scale, engines=cluster.num_engines, gpus=gpus,
-        usd_per_hour=gpus * gpu_hour_usd(family.hardware, context.prices),
+        usd_per_hour=context.usd_per_hour(family, point.scale),
         qps_scale=point.qps_scale, num_blocks=config.num_blocks,
-        rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+        rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf,
+        stopped_s=result.stopped_s)
     row.update(summary)
     row["meets_slo"] = context.slo.met(row)
     return row
@@ -153,26 +163,77 @@ def fitting_families(context: PlanContext, families: Sequence[Family]
     return kept, skipped
 
 
+@dataclass
+class ScaleSearch:
+    """What smallest_scales did: each family's row at its smallest holding scale (families
+    that held within max_engines and were not pruned), every probe run, and the families
+    left unsearched, each with the deployment it is dearer than."""
+
+    met: list[dict]
+    probes: list[dict]
+    pruned: list[tuple[Family, str]] = field(default_factory=list)
+    skipped: int = 0  # probes not run: one per pruned family (the fewest it still needed)
+
+
 def smallest_scales(runner: Runner, families: Sequence[Family], slo: CapacitySlo,
-                    max_engines: int) -> tuple[list[dict], list[dict]]:
-    """Each family's smallest scale meeting the SLO (doubling, then bisection); returns the
-    row of each family that met it at some scale within max_engines, and every probe."""
+                    max_engines: int, stop_early: bool = True,
+                    price: Callable[[Family, int], float] | None = None,
+                    top: int = 0, batch: int | None = None) -> ScaleSearch:
+    """Each family's smallest scale meeting the SLO (doubling, then bisection: a family
+    that holds at a scale holds at every larger one). stop_early: each probe stops once it
+    certainly misses the SLO (the same verdicts). With `price` ($/hour of a family at a
+    scale), a family is pruned once its cheapest scale not known to fail is dearer than
+    the cheapest holding deployment of its GPU and than the top-th cheapest holding one:
+    it could then enter neither `cheapest` list. With price and `batch`, each round runs
+    only the `batch` cheapest probes, so cheap holders are found (and dear families pruned)
+    before dear probes run; each family's probes are the same, in the same order."""
+    verdict = slo if stop_early else None
     state = [{"family": f, "fail": 0, "ok": None, "next": 1} for f in families]
-    probes: list[dict] = []
+    out = ScaleSearch([], [])
     while True:
+        if price is not None:
+            _prune(state, price, top, out)
         open_ = [s for s in state if s["next"] is not None]
         if not open_:
             break
-        rows = runner([PlanPoint(s["family"], s["next"]) for s in open_])
-        probes += rows
+        if price is not None and batch is not None:
+            open_ = sorted(open_, key=lambda s: price(s["family"], s["next"]))[:batch]
+        rows = runner([PlanPoint(s["family"], s["next"], verdict=verdict) for s in open_])
+        out.probes += rows
         for s, row in zip(open_, rows, strict=True):
             scale = s["next"]
             if row["meets_slo"]:
                 s["ok"], s["row"] = scale, row
             else:
                 s["fail"] = scale
-            s["next"] = _next_scale(s, max_engines // s["family"].engines_per_scale())
-    return [s["row"] for s in state if s["ok"] is not None], probes
+            s["next"] = _next_scale(s, _max_scale(s, max_engines))
+    out.met = [s["row"] for s in state if s["ok"] is not None and not s.get("pruned")]
+    return out
+
+
+def _max_scale(search: dict, max_engines: int) -> int:
+    return max_engines // search["family"].engines_per_scale()
+
+
+def _prune(state: list[dict], price: Callable[[Family, int], float], top: int,
+           out: ScaleSearch) -> None:
+    held = sorted((s["row"] for s in state if s["ok"] is not None and not s.get("pruned")),
+                  key=lambda r: r["usd_per_hour"])
+    if not held:
+        return
+    overall = held[top - 1]["usd_per_hour"] if 0 < top <= len(held) else math.inf
+    per_gpu: dict[str, dict] = {}
+    for row in held:
+        per_gpu.setdefault(row["hardware"], row)
+    for s in state:
+        best = per_gpu.get(s["family"].hardware)
+        if s["next"] is None or best is None:
+            continue
+        cheapest_left = price(s["family"], s["fail"] + 1)
+        if cheapest_left > best["usd_per_hour"] and cheapest_left > overall:
+            out.skipped += 1  # (at least: its search had one more probe to run, or more)
+            s["next"], s["pruned"] = None, True
+            out.pruned.append((s["family"], best["deployment"]))
 
 
 def _next_scale(search: dict, max_scale: int) -> int | None:

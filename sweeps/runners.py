@@ -33,9 +33,31 @@ def _run_in_worker(point: Any) -> dict:
     return _TASK(_CONTEXT, point)
 
 
-def _bar(total: int, progress: bool) -> tqdm:
-    return tqdm(total=total, unit="run", file=sys.stderr, leave=False,
-                disable=None if progress else True)
+class Tally:
+    """Runs a runner started, how many of them stopped early (certain to miss their SLO),
+    and how many a search skipped; a progress bar per batch shows them, with the batch's
+    time left."""
+
+    def __init__(self, progress: bool) -> None:
+        self.progress = progress
+        self.started = self.stopped = self.skipped = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"started": self.started, "stopped": self.stopped, "skipped": self.skipped}
+
+    def bar(self, total: int) -> tqdm:
+        self.started += total
+        bar = tqdm(total=total, unit="run", file=sys.stderr, leave=False,
+                   disable=None if self.progress else True)
+        bar.set_postfix(stopped=self.stopped, skipped=self.skipped, refresh=False)
+        return bar
+
+    def done(self, bar: tqdm, row: dict) -> None:
+        """One run finished: count it (stopped_s set: stopped early) and advance the bar."""
+        self.stopped += row.get("stopped_s") is not None
+        bar.set_postfix(stopped=self.stopped, skipped=self.skipped, refresh=False)
+        bar.update(1)
 
 
 class LocalRunner:
@@ -47,9 +69,18 @@ class LocalRunner:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         self.context = context
-        self.progress = progress
         self.task = task
+        self.tally = Tally(progress)
         self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Runs started, stopped early and skipped so far."""
+        return self.tally.counts
+
+    def skip(self, num_runs: int) -> None:
+        """Count runs a search decided not to start."""
+        self.tally.skipped += num_runs
 
     def __enter__(self) -> LocalRunner:
         if self.workers > 1:
@@ -64,16 +95,18 @@ class LocalRunner:
             self._pool.shutdown(cancel_futures=True)
 
     def __call__(self, points: Sequence[Any]) -> list[dict]:
-        with _bar(len(points), self.progress) as bar:
+        tally = self.tally
+        with tally.bar(len(points)) as bar:
             if self._pool is None:
                 rows = []
                 for point in points:
                     rows.append(self.task(self.context, point))
-                    bar.update(1)
+                    tally.done(bar, rows[-1])
                 return rows
             futures = [self._pool.submit(_run_in_worker, p) for p in points]
             for future in futures:
-                future.add_done_callback(lambda _f: bar.update(1))
+                future.add_done_callback(
+                    lambda f: tally.done(bar, f.result()) if f.exception() is None else None)
             return [f.result() for f in futures]
 
 
@@ -96,8 +129,17 @@ class RayRunner:
         self.address = address
         self.workers = workers
         self.context = context
-        self.progress = progress
         self.task = task
+        self.tally = Tally(progress)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Runs started, stopped early and skipped so far."""
+        return self.tally.counts
+
+    def skip(self, num_runs: int) -> None:
+        """Count runs a search decided not to start."""
+        self.tally.skipped += num_runs
 
     def __enter__(self) -> RayRunner:
         ray = self._ray
@@ -114,14 +156,17 @@ class RayRunner:
         limit = self.workers or len(points)
         refs: list = []
         in_flight: list = []
-        with _bar(len(points), self.progress) as bar:
+        tally = self.tally
+        with tally.bar(len(points)) as bar:
             for point in points:
                 if len(in_flight) >= limit:
                     done, in_flight = self._ray.wait(in_flight, num_returns=1)
-                    bar.update(len(done))
+                    for row in self._ray.get(done):
+                        tally.done(bar, row)
                 refs.append(self._task.remote(self._context_ref, point))
                 in_flight.append(refs[-1])
             while in_flight:
                 done, in_flight = self._ray.wait(in_flight, num_returns=1)
-                bar.update(len(done))
+                for row in self._ray.get(done):
+                    tally.done(bar, row)
         return self._ray.get(refs)
