@@ -5,7 +5,6 @@ from __future__ import annotations
 from calibration.gpu_profiles import lss_samples, vidur_allreduce
 from calibration.gpu_replay import METRICS, load_runs
 from calibration.splitwise import splitwise_steps
-from servelab.cli import main
 
 
 def test_splitwise_loader_gives_both_phases_for_every_cell():
@@ -30,11 +29,3 @@ def test_operator_profiles_parse():
     kinds = {s.kind for s in lss_samples()}
     assert {"gemm", "small", "attn_prefill", "attn_decode", "sampler", "moe"} <= kinds
     assert {gpu for gpu, *_ in vidur_allreduce()} == {"a100-80gb", "h100"}
-
-
-def test_fidelity_gpu_command_prints_both_tables(tmp_path, capsys):
-    assert main(["fidelity-gpu", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "a100-80gb    2 decode" in out
-    assert "RTXPRO6000/Qwen3-32B" in out and "LLMServingSim err" in out
-    assert (tmp_path / "gpu_steps.png").exists() and (tmp_path / "gpu_runs.png").exists()

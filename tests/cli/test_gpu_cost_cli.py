@@ -1,4 +1,5 @@
-"""simulate and plan say which cost model priced the run and whether it lies in the data."""
+"""simulate and plan say which cost model priced the run and whether it lies in the data;
+fidelity-gpu prints its validation tables."""
 
 from __future__ import annotations
 
@@ -41,3 +42,11 @@ def test_plan_names_its_cost_model_and_coverage(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "priced by gpu-fitted" in printed and "GPU h100 fitted" in printed
     assert json.loads(out.read_text())["cost_model"] == "gpu-fitted"
+
+
+def test_fidelity_gpu_command_prints_both_tables(tmp_path, capsys):
+    assert main(["fidelity-gpu", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "a100-80gb    2 decode" in out
+    assert "RTXPRO6000/Qwen3-32B" in out and "LLMServingSim err" in out
+    assert (tmp_path / "gpu_steps.png").exists() and (tmp_path / "gpu_runs.png").exists()

@@ -195,18 +195,6 @@ def test_first_byte_timeout_must_exceed_the_connect_timeout():
         RouteConfig(("http://x",), connect_timeout_s=5.0, first_byte_timeout_s=5.0)
 
 
-@pytest.mark.parametrize("flags, field", [
-    (["--first-byte-timeout-s", "2", "--connect-timeout-s", "5"], "first_byte_timeout_s"),
-    (["--ejection-base-s", "10", "--ejection-max-s", "5"], "ejection_max_s"),
-    (["--health-check-timeout-s", "0"], "check_timeout_s")])
-def test_route_command_names_a_bad_health_flag_in_one_line(flags, field, capsys):
-    from servelab.cli import main
-
-    assert main(["route", "--upstream", "http://127.0.0.1:9", *flags]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("servelab route: error: route:") and field in err
-    assert err.count("\n") == 1
-
 
 def test_a_non_streamed_answer_may_take_longer_than_the_first_byte_timeout(stopped):
     """Its headers come with the whole answer: a long generation is not a timeout."""
