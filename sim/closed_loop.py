@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 
 import simpy
 
-from sim.cluster import ClusterConfig, ClusterResult, _Arrival, _Cluster
+from sim.cluster import ClusterConfig, ClusterResult, _Arrival, _Cluster, run_engines
 from sim.core import Request
 from sim.engine import Engine
-from sim.simulation import RunResult, StalledError, _Replay, collector_paused
+from sim.simulation import RunResult, _Replay, collector_paused
 from workloads.sessions import Chain, chains_of
 from workloads.trace import Trace
 
@@ -120,14 +120,7 @@ def run_closed_cluster(requests: Sequence[Request], engines: Sequence[Engine],
     cluster = _ClosedCluster(env, list(engines), config, on_step, loop)
     for at_s, request in loop.start():
         cluster.release(at_s, request)
-    cluster.processes = [env.process(cluster.stepping(i)) for i in range(len(engines))]
-    with collector_paused():
-        env.run()
-    stuck = sum(not r.is_finished for r in requests)
-    if stuck:
-        raise StalledError(f"t={env.now:.3f}s: {stuck} requests never finished")
-    return ClusterResult(list(requests), config.roles(), list(engines), cluster.served,
-                         cluster.transfers)
+    return run_engines(env, cluster, requests)
 
 
 def _feeding(loop: ClosedLoop, release: Callable[[float, Request], None],

@@ -104,13 +104,21 @@ def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: 
     env = simpy.Environment()
     cluster = _Cluster(env, list(engines), config, on_step)
     env.process(cluster.arrivals(requests))
+    return run_engines(env, cluster, requests)
+
+
+def run_engines(env: simpy.Environment, cluster: _Cluster, requests: Sequence[Request]
+                ) -> ClusterResult:
+    """Step every engine of `cluster` until the environment runs dry; its result, or
+    StalledError naming how many requests never finished."""
+    engines = cluster.engines
     cluster.processes = [env.process(cluster.stepping(i)) for i in range(len(engines))]
     with collector_paused():
         env.run()
     stuck = sum(not r.is_finished for r in requests)
     if stuck:
         raise StalledError(f"t={env.now:.3f}s: {stuck} requests never finished")
-    return ClusterResult(list(requests), config.roles(), list(engines), cluster.served,
+    return ClusterResult(list(requests), cluster.config.roles(), list(engines), cluster.served,
                          cluster.transfers)
 
 
