@@ -86,6 +86,7 @@ class GpuCostModel:
         s, tp, t = shapes, tensor_parallel, self.terms
         self._q_dim = s.num_heads // tp * s.head_dim
         kv_heads = max(1, s.num_kv_heads // tp)  # replicated beyond num_kv_heads GPUs
+        self._group = (s.num_heads // tp) / kv_heads  # query heads reading each KV head
         self._kv_bytes_layer = 2 * kv_heads * s.head_dim * dtype_bytes  # K+V of one token
         layers = s.num_layers
         self._layers = layers
@@ -131,7 +132,11 @@ class GpuCostModel:
             layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
             host += self._kernel_s
         if decode_seqs:
-            layer += self._decode_floor_s + self._s_per_decode_kv * plan.decode_context
+            kv_s = self._s_per_decode_kv * plan.decode_context
+            if plan.prefill_tokens:  # one varlen kernel: decode rows lose their GQA sharing
+                kv_s *= self.terms.mixed_decode_factor(
+                    decode_seqs, plan.decode_context / decode_seqs, self._group)
+            layer += self._decode_floor_s + kv_s
             host += self._kernel_s
         # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
         # the slower of the two sets the layer's time.
