@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.core import BatchPlan
@@ -87,3 +89,22 @@ def test_bad_parallelism_is_rejected_with_the_field_named():
     with pytest.raises(ValueError, match="expert_parallel"):
         GpuCostModel(known_shapes("llama-3-8b"), known_gpu("h100"), load_engine("vllm"),
                      expert_parallel=2)
+
+
+@pytest.mark.parametrize("model_name,grouped", [("llama-3-8b", True), ("llama-2-7b", False)])
+def test_decode_rows_beside_a_prefill_chunk_cost_their_re_reads(model_name, grouped):
+    """A mixed step's decode attention costs the decode-only price x the fitted factor: more
+    with grouped-query heads (the varlen kernel re-reads KV per query head), the same with MHA."""
+    model, plain = _model("rtx-pro-6000", model_name), _model("rtx-pro-6000", model_name)
+    table = plain.terms.mixed_extra
+    plain.terms = replace(plain.terms, mixed_extra=tuple((0.0,) * len(r) for r in table))
+    chunk, rows, context = 512, 64, 1024
+    mixed = BatchPlan(prefill_tokens=chunk, prefill_seqs=1, decode_seqs=rows,
+                      prefill_attn_causal=chunk * (chunk + 1) // 2,
+                      decode_context=rows * context, num_sampled=rows + 1)
+    kv_s = model._s_per_decode_kv * rows * context * model._layers
+    factor = model.terms.mixed_decode_factor(rows, context, model._group)
+    assert model.predict(mixed) - plain.predict(mixed) == pytest.approx(kv_s * (factor - 1))
+    assert (factor > 1.2) if grouped else (factor == 1.0)
+    decode_only = _decode(rows, context)  # no chunk beside them: no re-reads
+    assert model.predict(decode_only) == plain.predict(decode_only)
