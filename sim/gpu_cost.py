@@ -90,6 +90,9 @@ class GpuCostModel:
         self._kv_bytes_layer = 2 * kv_heads * s.head_dim * dtype_bytes  # K+V of one token
         layers = s.num_layers
         self._layers = layers
+        # KV swapped to or from host memory (--preemption swap), copied before the forward;
+        # each GPU moves its own heads' share over its own link.
+        self._swap_s_per_token = layers * self._kv_bytes_layer / peaks.host_link_bytes_s
         self._kernel_s = engine.per_kernel_s
         # Attention, per unit on one GPU in one layer.
         self._s_per_prefill_pair = 4.0 * self._q_dim / (peaks.peak_flops
@@ -115,11 +118,13 @@ class GpuCostModel:
         return self.tensor_parallel
 
     def predict(self, plan: BatchPlan) -> float:
-        """Seconds one engine step of `plan` takes; 0 for a plan that computes nothing."""
+        """Seconds one engine step of `plan` takes; 0 for a plan that computes and copies
+        nothing."""
         decode_seqs = plan.decode_seqs
         tokens = plan.prefill_tokens + decode_seqs
+        swap_s = self._swap_s_per_token * plan.swap_tokens if plan.swap_tokens else 0.0
         if not tokens:
-            return 0.0
+            return swap_s
         per_tokens = self._token_cache.get(tokens)
         if per_tokens is None:
             per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
@@ -141,6 +146,7 @@ class GpuCostModel:
         # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
         # the slower of the two sets the layer's time.
         gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
+        gpu_s += swap_s
         if self._overlapped:  # the host's step work runs beside the GPU's
             return gpu_s if gpu_s > per_rows[1] else per_rows[1]
         return gpu_s + per_rows[1]

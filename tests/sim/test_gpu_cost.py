@@ -108,3 +108,19 @@ def test_decode_rows_beside_a_prefill_chunk_cost_their_re_reads(model_name, grou
     assert (factor > 1.2) if grouped else (factor == 1.0)
     decode_only = _decode(rows, context)  # no chunk beside them: no re-reads
     assert model.predict(decode_only) == plain.predict(decode_only)
+
+
+def test_swapped_kv_is_priced_over_the_host_link_as_the_roofline_prices_it():
+    """--preemption swap copies KV to and from host memory before the forward: both cost
+    models charge the same bytes over the same link, and a step of copies alone costs them."""
+    from sim.cost_model import AnalyticCostModel
+    roofline = AnalyticCostModel.preset("llama-3-8b", "h100")
+    model = _model("h100", "llama-3-8b")
+    copies = BatchPlan(swap_tokens=4096)
+    assert model.predict(copies) > 0
+    assert model.predict(copies) == pytest.approx(roofline.predict(copies))
+    step = _decode(8, 512)
+    with_copies = BatchPlan(decode_seqs=8, decode_context=8 * 512, num_sampled=8,
+                            swap_tokens=4096)
+    assert model.predict(with_copies) == pytest.approx(
+        model.predict(step) + model.predict(copies))
