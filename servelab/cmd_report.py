@@ -1,7 +1,8 @@
 """`servelab report`: regenerate the committed report (charts and a markdown page) from
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
-KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, and
-against vLLM from the committed run of benchmarks/server_fidelity.py), prefix caching,
+KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, the
+fitted GPU model against GPU measurements, and against vLLM from the committed run of
+benchmarks/server_fidelity.py), prefix caching,
 clusters (replicas per router, and prefill/decode disaggregation), and queue orders with
 preemption by swap.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from reporting import sections
 from reporting.capacity import latency_vs_load
 from reporting.clusters import clusters
+from reporting.gpu_fidelity import gpu_fidelity_section
 from reporting.prefix_caching import prefix_caching
 from reporting.queues import queue_orders
 from reporting.report import machine, write_markdown
@@ -61,6 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     done.append(latency_vs_load(figures, args.workers))
     if not args.skip_measured:
         done.append(sections.fidelity(results, runs, workload, figures))
+    log("the fitted GPU model against GPU measurements")
+    done.append(gpu_fidelity_section(figures))
     vllm = args.out / "fidelity" / "vllm-server"
     if (vllm / "calibration.json").exists():  # benchmarks/server_fidelity.py's committed run
         done.append(server_fidelity(vllm, figures))
