@@ -128,15 +128,20 @@ def small_op_s(terms: GpuTerms, peaks: GpuPeaks, moved_bytes: float) -> float:
 
 def load_terms(gpu: str, peaks: GpuPeaks, path: Path = FIT_PATH) -> GpuTerms:
     """The fitted terms of `gpu`; sections its data lacks (all of them for a GPU without
-    data) come from the generic terms, with all-reduce bandwidth scaled by its datasheet."""
+    data) come from the generic terms, with all-reduce bandwidth scaled by its datasheet,
+    unless its GPU file gives measured all-reduces."""
     data = json.loads(path.read_text())
     own = data["gpus"].get(gpu, {})
+    fitted = bool(own)
+    if peaks.allreduce:  # the GPU file's own measurement beats any fitted or scaled curve
+        own = {**own, "allreduce": {"by_gpus": {str(n): [lat, bus]
+                                                for n, lat, bus in peaks.allreduce}}}
     entry = {**data["generic"], **own}
     allreduce = entry["allreduce"]
     if allreduce.get("scaled_by_interconnect"):
         entry["allreduce"] = {"by_gpus": {n: [lat, frac * peaks.interconnect_bytes_s]
                                           for n, (lat, frac) in allreduce["by_gpus"].items()}}
-    terms = terms_from_entry(gpu, entry, fitted=bool(own))
+    terms = terms_from_entry(gpu, entry, fitted=fitted)
     borrowed = tuple(k for k in data["generic"] if k[0] != "_" and k != "source"
                      and k not in own)
     object.__setattr__(terms, "borrowed", borrowed)

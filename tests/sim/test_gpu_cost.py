@@ -124,3 +124,14 @@ def test_swapped_kv_is_priced_over_the_host_link_as_the_roofline_prices_it():
                             swap_tokens=4096)
     assert model.predict(with_copies) == pytest.approx(
         model.predict(step) + model.predict(copies))
+
+
+def test_measured_all_reduces_replace_the_scaled_curve():
+    """A GPU file's measured all-reduces price its collectives; its other terms stay fitted."""
+    shipped = known_gpu("rtx-pro-6000")
+    measured = replace(shipped, allreduce=((2, 4e-5, 1.6e10),))
+    terms, own = load_terms("rtx-pro-6000", shipped), load_terms("rtx-pro-6000", measured)
+    assert own.allreduce == {2: (4e-5, 1.6e10)} and own.fitted == terms.fitted is True
+    assert own.allreduce_s(1e6, 2) == pytest.approx(4e-5 + 1e6 / 1.6e10)
+    assert own.allreduce_s(1e6, 2) > terms.allreduce_s(1e6, 2)
+    assert own.gemm_eff_compute == terms.gemm_eff_compute
