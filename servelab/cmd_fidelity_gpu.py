@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from calibration.gpu_replay import load_runs
 from calibration.gpu_validation import (
     format_runs,
     format_splitwise,
@@ -13,7 +14,6 @@ from calibration.gpu_validation import (
     splitwise_errors,
     splitwise_table,
 )
-from calibration.gpu_replay import load_runs
 from reporting.gpu_fidelity import write_report
 from sim.hardware import hardware_spec
 

@@ -2,9 +2,9 @@
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
 KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, the
 fitted GPU model against GPU measurements, and against vLLM from the committed run of
-benchmarks/server_fidelity.py), prefix caching,
-clusters (replicas per router, and prefill/decode disaggregation), and queue orders with
-preemption by swap.
+benchmarks/server_fidelity.py), prefix caching, conversations (multi-turn chat against
+single-turn, and routers across replicas), clusters (replicas per router, and
+prefill/decode disaggregation), and queue orders with preemption by swap.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from reporting.prefix_caching import prefix_caching
 from reporting.queues import queue_orders
 from reporting.report import machine, write_markdown
 from reporting.server_fidelity import server_fidelity
+from reporting.sessions import sessions_section
 from servelab.sim_args import write_json_atomic
 from sim.scheduler import POLICIES
 
@@ -70,6 +71,8 @@ def _run(args: argparse.Namespace) -> int:
         done.append(server_fidelity(vllm, figures))
     log("prefix caching against KV pool size")
     done.append(prefix_caching(figures, args.workers))
+    log("conversations: sessions, prefix caching and routing")
+    done.append(sessions_section(figures))
     log("clusters: replicas per router, and P/D against co-located replicas")
     done.append(clusters(figures, args.workers))
     log("queue orders and preemption by swap")
