@@ -14,6 +14,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 from sim.cluster import ClusterConfig
 from sim.core import Backend, Request
@@ -128,14 +129,28 @@ def run_point(context: SweepContext, point: SweepPoint) -> dict:
     result, _ = run_deployment(requests, config, context.backend, context.cluster,
                                verdict_watch(requests, point.verdict, config))
     summary = summarize(result, context.slo)
-    row = asdict(point)
-    del row["verdict"]
-    row.update(num_blocks=config.num_blocks, token_budget=config.budget,
-               rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+    row = point_row(context, point)
     if point.verdict is not None:
         row["stopped_s"] = result.stopped_s
     row.update(summary)
     return row
+
+
+def point_row(context: SweepContext, point: SweepPoint) -> dict:
+    """A point's row before its summary: the point, the resolved limits, the rate."""
+    config = context.config(point)
+    row = asdict(point)
+    del row["verdict"]
+    row.update(num_blocks=config.num_blocks, token_budget=config.budget,
+               rate_rps=rate_rps(context.trace, point.qps_scale))
+    return row
+
+
+def rate_rps(trace: Trace, qps_scale: float) -> float:
+    """The request rate of `trace` scaled by qps_scale, as a run at that scale reports it."""
+    if qps_scale != 1:
+        trace = scale_qps(trace, qps_scale)
+    return len(trace) / trace.span_s if trace.span_s > 0 else math.inf
 
 
 def verdict_watch(requests: list[Request], slo: CapacitySlo | None,
@@ -157,17 +172,21 @@ class Capacity:
     qps_scale: float
     rate_rps: float
     bounded: str  # "" when bracketed; "below-range" or "above-range" otherwise
-    probes: list[dict]  # every row run while searching
+    probes: list[dict]  # the row that decided each probe: run, reused, or implying it
+    implied: int = 0  # probes decided by a known row at another rate (not run)
 
 
 def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
                   low: float, high: float, rel_tol: float = 0.05,
                   stop_early: bool = True,
-                  known: Sequence[Sequence[dict]] | None = None) -> list[Capacity]:
+                  known: Sequence[Sequence[dict]] | None = None,
+                  rate_of: Callable[[float], float] | None = None) -> list[Capacity]:
     """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
     stop_early: each probe stops once it certainly misses the SLO (the same verdicts);
     known: rows each configuration already ran (a sweep's), reused for a probe at the
-    same qps_scale instead of running it again (a run is deterministic).
+    same qps_scale instead of running it again (a run is deterministic); rate_of (the
+    request rate at a qps scale): given, a probe whose verdict a known row implies is not
+    run either (see _deciding), and the bisection takes the same path.
 
     Each round runs one probe per unfinished configuration through `runner`, so a pool
     works on all configurations at once. Latency is assumed to grow with the rate, which
@@ -179,20 +198,21 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
     verdict = slo if stop_early else None
     configs = [replace(c, verdict=verdict) for c in configs]
-    by_scale = [{row["qps_scale"]: row for row in rows}
-                for rows in (known if known is not None else [()] * len(configs))]
-    if len(by_scale) != len(configs):
-        raise ValueError(f"known has rows for {len(by_scale)} of {len(configs)} configurations")
-    edges = iter(_probe(runner, [(i, replace(c, qps_scale=s)) for i, c in enumerate(configs)
-                                 for s in (low, high)], by_scale))
+    known = list(known) if known is not None else [()] * len(configs)
+    if len(known) != len(configs):
+        raise ValueError(f"known has rows for {len(known)} of {len(configs)} configurations")
+    decide = partial(_probe, runner, known, slo, rate_of is not None)
+    edges = iter(decide([(i, replace(c, qps_scale=s)) for i, c in enumerate(configs)
+                         for s in (low, high)]))
     state = []
     for config in configs:
-        lo_row, hi_row = next(edges), next(edges)
-        search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": ""}
+        (lo_row, lo_implied), (hi_row, hi_implied) = next(edges), next(edges)
+        search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": "",
+                  "implied": lo_implied + hi_implied}
         if slo.met(hi_row):
-            search.update(lo=high, row=hi_row, bounded="above-range")
+            search.update(lo=high, row=hi_row, row_implied=hi_implied, bounded="above-range")
         elif slo.met(lo_row):
-            search.update(lo=low, row=lo_row)
+            search.update(lo=low, row=lo_row, row_implied=lo_implied)
         else:
             search.update(lo=low, row=None, bounded="below-range")
         state.append(search)
@@ -201,32 +221,63 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
         if not open_:
             break
         mids = [math.sqrt(s["lo"] * s["hi"]) for s in open_]
-        rows = _probe(runner, [(state.index(s), replace(s["config"], qps_scale=m))
-                               for s, m in zip(open_, mids, strict=True)], by_scale)
-        for s, mid, row in zip(open_, mids, rows, strict=True):
+        rows = decide([(state.index(s), replace(s["config"], qps_scale=m))
+                       for s, m in zip(open_, mids, strict=True)])
+        for s, mid, (row, implied) in zip(open_, mids, rows, strict=True):
             s["probes"].append(row)
+            s["implied"] += implied
             if slo.met(row):
-                s.update(lo=mid, row=row)
+                s.update(lo=mid, row=row, row_implied=implied)
             else:
                 s["hi"] = mid
-    out = []
-    for s in state:
-        row = s["row"]
-        scale = s["lo"] if row is not None else 0.0
-        out.append(Capacity(point=replace(s["config"], qps_scale=scale, verdict=None),
-                            qps_scale=scale,
-                            rate_rps=row["rate_rps"] if row is not None else 0.0,
-                            bounded=s["bounded"], probes=s["probes"]))
-    return out
+    return [_capacity(s, rate_of) for s in state]
 
 
-def _probe(runner: Runner, wanted: list[tuple[int, SweepPoint]],
-           by_scale: list[dict[float, dict]]) -> list[dict]:
-    """The rows of (configuration index, point) pairs: known ones reused, the rest run."""
-    rows = [by_scale[i].get(point.qps_scale) for i, point in wanted]
+def _capacity(search: dict, rate_of: Callable[[float], float] | None) -> Capacity:
+    row, scale = search["row"], search["lo"]
+    if row is None:
+        rate, scale = 0.0, 0.0
+    else:  # (a row that implied the verdict ran at another rate)
+        rate = rate_of(scale) if search["row_implied"] else row["rate_rps"]
+    return Capacity(point=replace(search["config"], qps_scale=scale, verdict=None),
+                    qps_scale=scale, rate_rps=rate, bounded=search["bounded"],
+                    probes=search["probes"], implied=search["implied"])
+
+
+def _probe(runner: Runner, known: list[Sequence[dict]], slo: CapacitySlo, imply: bool,
+           wanted: list[tuple[int, SweepPoint]]) -> list[tuple[dict, bool]]:
+    """The rows of (configuration index, point) pairs, each with whether a known row at
+    another rate implied it: known ones deciding them reused, the rest run."""
+    rows = [_deciding(known[i], point.qps_scale, slo, imply) for i, point in wanted]
     ran = iter(runner([point for (_, point), row in zip(wanted, rows, strict=True)
                        if row is None]))
-    return [row if row is not None else next(ran) for row in rows]
+    return [(next(ran), False) if row is None else (row, row["qps_scale"] != point.qps_scale)
+            for (_, point), row in zip(wanted, rows, strict=True)]
+
+
+def _deciding(rows: Sequence[dict], scale: float, slo: CapacitySlo, imply: bool
+              ) -> dict | None:
+    """A known row that decides a probe at `scale`: one run at that rate, or with imply,
+    the lowest that fails below it (more load only adds latency: it fails too) or the
+    highest that holds above it (it holds too). Only rows that agree with that (none
+    holds above one that fails) imply anything."""
+    for row in rows:
+        if row["qps_scale"] == scale:
+            return row
+    if not imply or not rows:
+        return None
+    failing = [r for r in rows if not slo.met(r)]
+    holding = [r for r in rows if slo.met(r)]
+    lowest_fail = min(failing, key=lambda r: r["qps_scale"], default=None)
+    highest_hold = max(holding, key=lambda r: r["qps_scale"], default=None)
+    if (lowest_fail is not None and highest_hold is not None
+            and highest_hold["qps_scale"] > lowest_fail["qps_scale"]):
+        return None
+    if lowest_fail is not None and lowest_fail["qps_scale"] < scale:
+        return lowest_fail
+    if highest_hold is not None and highest_hold["qps_scale"] > scale:
+        return highest_hold
+    return None
 
 
 def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:

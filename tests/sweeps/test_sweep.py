@@ -114,3 +114,32 @@ def test_capacity_slo_needs_no_request_failed():
     assert not slo.met({**good, "p99_ttft_ms": None})
     with pytest.raises(ValueError, match="> 0"):
         CapacitySlo(0, 100)
+
+
+def test_capacity_skips_probes_a_known_row_decides_and_finds_the_same_knee():
+    knees = {"continuous": 3.0, "chunked": 0.1, "static": 100.0}
+    configs = [SweepPoint(p, 1.0) for p in knees]
+    plain_runner, _ = _fake_runner(knees)
+    plain = find_capacity(plain_runner, configs, CapacitySlo(), 0.25, 16)
+    seen: list[SweepPoint] = []
+
+    def runner(points):
+        seen.extend(points)
+        return [{**row, "qps_scale": p.qps_scale}
+                for p, row in zip(points, plain_runner(points), strict=True)]
+
+    grid_rows = {p: runner([SweepPoint(p, s) for s in (2.0, 2.5, 3.5, 5.0)]) for p in knees}
+    seen.clear()
+    found = find_capacity(runner, configs, CapacitySlo(), 0.25, 16,
+                          known=[grid_rows[p] for p in knees], rate_of=lambda s: 10 * s)
+    for fast, full in zip(found, plain, strict=True):
+        assert (fast.qps_scale, fast.rate_rps, fast.bounded) == \
+            (full.qps_scale, full.rate_rps, full.bounded)
+        assert len(fast.probes) == len(full.probes)
+    # continuous: holds at 2.5 and fails at 3.5, so only probes between them run; chunked
+    # fails at 2 (all probes above it implied); static holds at 5 (all below it implied).
+    assert all(p.qps_scale > 5.0 for p in seen if p.policy == "static")
+    assert all(2.5 < p.qps_scale < 3.5 for p in seen if p.policy == "continuous")
+    assert all(p.qps_scale < 2.0 for p in seen if p.policy == "chunked")
+    assert sum(c.implied for c in found) > 0
+    assert found[2].implied == 1  # static: 0.25 implied; 16 is past the grid, and holds
