@@ -8,7 +8,6 @@ the p99 TTFT and p99 ITL targets.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -34,9 +33,8 @@ from sweeps.grid import (
     capacity_records,
     find_capacity,
     grid,
-    rate_rps,
 )
-from sweeps.rising import rows_until_failing, was_run
+from sweeps.rising import sweep_capacity, was_run
 from sweeps.runners import LocalRunner, RayRunner
 
 QPS_SCALES_TEXT = ",".join(f"{x:g}" for x in DEFAULT_QPS_SCALES)
@@ -132,12 +130,15 @@ def _run(args: argparse.Namespace) -> int:
     # A capacity search skips what load monotonicity decides (--capacity-full-runs: not).
     shortcuts = args.capacity and not args.capacity_full_runs
     with runner:
-        rows = (rows_until_failing(runner, context, points, capacity_slo) if shortcuts
-                else runner(points))
-        grid_runs = runner.counts["started"]
-        if args.capacity:
-            capacities = _capacities(runner, context, points, rows, capacity_slo, low, high,
-                                     shortcuts)
+        if shortcuts:
+            rows, capacities = sweep_capacity(runner, context, points, capacity_slo, low, high)
+            grid_runs = sum(map(was_run, rows))
+            runner.skip(len(rows) - grid_runs + sum(c.implied for c in capacities))
+        else:
+            rows = runner(points)
+            grid_runs = len(rows)
+            if args.capacity:
+                capacities = _capacities(runner, points, rows, capacity_slo, low, high)
     table = _table(rows)
     trace = context.trace
     print(f"trace {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} req/s "
@@ -174,21 +175,16 @@ def _table(rows: list[dict]) -> pd.DataFrame:
                               "qps_scale"], kind="stable")
 
 
-def _capacities(runner: LocalRunner | RayRunner, context: SweepContext,
-                points: list[SweepPoint], rows: list[dict], slo: CapacitySlo, low: float,
-                high: float, shortcuts: bool) -> list[Capacity]:
-    """Bisect each configuration's capacity, reusing the grid's rows (shortcuts: also where
-    they imply a probe's verdict, and each probe stopped once it certainly fails)."""
+def _capacities(runner: LocalRunner | RayRunner, points: list[SweepPoint], rows: list[dict],
+                slo: CapacitySlo, low: float, high: float) -> list[Capacity]:
+    """Bisect each configuration's capacity, every probe run to its end, reusing the grid's
+    rows at the rates it ran."""
     configs = list({p.config_key: p for p in points}.values())
     ran: dict[tuple, list[dict]] = {c.config_key: [] for c in configs}
     for point, row in zip(points, rows, strict=True):
-        if was_run(row):
-            ran[point.config_key].append(row)
-    found = find_capacity(runner, configs, slo, low, high, stop_early=shortcuts,
-                          known=[ran[c.config_key] for c in configs],
-                          rate_of=partial(rate_rps, context.trace) if shortcuts else None)
-    runner.skip(len(rows) - sum(map(len, ran.values())) + sum(c.implied for c in found))
-    return found
+        ran[point.config_key].append(row)
+    return find_capacity(runner, configs, slo, low, high, stop_early=False,
+                         known=[ran[c.config_key] for c in configs])
 
 
 SWEEP_COLUMNS = (("rate_rps", "{:.2f}"), ("output_throughput", "{:.0f}"),

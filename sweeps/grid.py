@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 
 from sim.cluster import ClusterConfig
 from sim.core import Backend, Request
@@ -23,12 +22,14 @@ from sim.policy_runs import run_deployment
 from sim.scheduler import SchedulerConfig
 from sim.verdict import SloWatch
 from sim.workload import requests_from_trace
+from sweeps.stream import Search, as_stream, drive
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
 
 # The rate multipliers a sweep runs by default: where the conv trace goes from light load to
 # overload on the default deployment.
 DEFAULT_QPS_SCALES = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
+REL_TOL = 0.05  # a capacity search ends when its bracket is this narrow (relative)
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,16 @@ class Capacity:
     implied: int = 0  # probes decided by a known row at another rate (not run)
 
 
+def check_range(low: float, high: float, rel_tol: float = REL_TOL) -> None:
+    """A capacity search's range and tolerance, or a ValueError naming the bad one."""
+    if not 0 < low < high:
+        raise ValueError(f"capacity search needs 0 < low < high, got {low}, {high}")
+    if not rel_tol > 0:
+        raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
+
+
 def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
-                  low: float, high: float, rel_tol: float = 0.05,
+                  low: float, high: float, rel_tol: float = REL_TOL,
                   stop_early: bool = True,
                   known: Sequence[Sequence[dict]] | None = None,
                   rate_of: Callable[[float], float] | None = None) -> list[Capacity]:
@@ -188,49 +197,47 @@ def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySl
     request rate at a qps scale): given, a probe whose verdict a known row implies is not
     run either (see _deciding), and the bisection takes the same path.
 
-    Each round runs one probe per unfinished configuration through `runner`, so a pool
-    works on all configurations at once. Latency is assumed to grow with the rate, which
-    holds for these schedulers except within noise of a knee.
+    The configurations are searched side by side (sweeps.stream.drive), one probe each at
+    a time, a pool's workers each starting one as soon as it is free. Latency is assumed to
+    grow with the rate, which holds for these schedulers except within noise of a knee.
     """
-    if not 0 < low < high:
-        raise ValueError(f"capacity search needs 0 < low < high, got {low}, {high}")
-    if not rel_tol > 0:
-        raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
+    check_range(low, high, rel_tol)
     verdict = slo if stop_early else None
-    configs = [replace(c, verdict=verdict) for c in configs]
     known = list(known) if known is not None else [()] * len(configs)
     if len(known) != len(configs):
         raise ValueError(f"known has rows for {len(known)} of {len(configs)} configurations")
-    decide = partial(_probe, runner, known, slo, rate_of is not None)
-    edges = iter(decide([(i, replace(c, qps_scale=s)) for i, c in enumerate(configs)
-                         for s in (low, high)]))
-    state = []
-    for config in configs:
-        (lo_row, lo_implied), (hi_row, hi_implied) = next(edges), next(edges)
-        search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": "",
-                  "implied": lo_implied + hi_implied}
-        if slo.met(hi_row):
-            search.update(lo=high, row=hi_row, row_implied=hi_implied, bounded="above-range")
-        elif slo.met(lo_row):
-            search.update(lo=low, row=lo_row, row_implied=lo_implied)
+    stream = as_stream(runner)
+    searches = [bisect_rate(replace(c, verdict=verdict), slo, low, high, rel_tol, rows,
+                            rate_of) for c, rows in zip(configs, known, strict=True)]
+    return drive(stream, searches, stream.slots)
+
+
+def bisect_rate(config: SweepPoint, slo: CapacitySlo, low: float, high: float,
+                rel_tol: float, known: Sequence[dict] = (),
+                rate_of: Callable[[float], float] | None = None) -> Search:
+    """One configuration's capacity search (find_capacity's), as a sweeps.stream Search."""
+    imply = rate_of is not None
+    ((lo_row, lo_implied), (hi_row, hi_implied)) = yield from _decided(
+        [replace(config, qps_scale=s) for s in (low, high)], known, slo, imply)
+    search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": "",
+              "implied": lo_implied + hi_implied}
+    if slo.met(hi_row):
+        search.update(lo=high, row=hi_row, row_implied=hi_implied, bounded="above-range")
+    elif slo.met(lo_row):
+        search.update(lo=low, row=lo_row, row_implied=lo_implied)
+    else:
+        search.update(lo=low, row=None, bounded="below-range")
+    while not search["bounded"] and search["hi"] / search["lo"] > 1 + rel_tol:
+        mid = math.sqrt(search["lo"] * search["hi"])
+        ((row, implied),) = yield from _decided([replace(config, qps_scale=mid)], known, slo,
+                                                imply)
+        search["probes"].append(row)
+        search["implied"] += implied
+        if slo.met(row):
+            search.update(lo=mid, row=row, row_implied=implied)
         else:
-            search.update(lo=low, row=None, bounded="below-range")
-        state.append(search)
-    while True:
-        open_ = [s for s in state if not s["bounded"] and s["hi"] / s["lo"] > 1 + rel_tol]
-        if not open_:
-            break
-        mids = [math.sqrt(s["lo"] * s["hi"]) for s in open_]
-        rows = decide([(state.index(s), replace(s["config"], qps_scale=m))
-                       for s, m in zip(open_, mids, strict=True)])
-        for s, mid, (row, implied) in zip(open_, mids, rows, strict=True):
-            s["probes"].append(row)
-            s["implied"] += implied
-            if slo.met(row):
-                s.update(lo=mid, row=row, row_implied=implied)
-            else:
-                s["hi"] = mid
-    return [_capacity(s, rate_of) for s in state]
+            search["hi"] = mid
+    return _capacity(search, rate_of)
 
 
 def _capacity(search: dict, rate_of: Callable[[float], float] | None) -> Capacity:
@@ -244,15 +251,14 @@ def _capacity(search: dict, rate_of: Callable[[float], float] | None) -> Capacit
                     probes=search["probes"], implied=search["implied"])
 
 
-def _probe(runner: Runner, known: list[Sequence[dict]], slo: CapacitySlo, imply: bool,
-           wanted: list[tuple[int, SweepPoint]]) -> list[tuple[dict, bool]]:
-    """The rows of (configuration index, point) pairs, each with whether a known row at
-    another rate implied it: known ones deciding them reused, the rest run."""
-    rows = [_deciding(known[i], point.qps_scale, slo, imply) for i, point in wanted]
-    ran = iter(runner([point for (_, point), row in zip(wanted, rows, strict=True)
-                       if row is None]))
+def _decided(points: list[SweepPoint], known: Sequence[dict], slo: CapacitySlo,
+             imply: bool) -> Generator[list[SweepPoint], list[dict], list[tuple[dict, bool]]]:
+    """The rows of points, each with whether a known row at another rate implied it: known
+    ones deciding them reused, the rest run (yielded to the search's driver)."""
+    rows = [_deciding(known, point.qps_scale, slo, imply) for point in points]
+    ran = iter((yield [point for point, row in zip(points, rows, strict=True) if row is None]))
     return [(next(ran), False) if row is None else (row, row["qps_scale"] != point.qps_scale)
-            for (_, point), row in zip(wanted, rows, strict=True)]
+            for point, row in zip(points, rows, strict=True)]
 
 
 def _deciding(rows: Sequence[dict], scale: float, slo: CapacitySlo, imply: bool

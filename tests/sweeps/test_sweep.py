@@ -101,7 +101,45 @@ def test_capacity_bisects_to_the_knee_and_flags_the_range_ends():
         assert found[policy].bounded == ""
     assert found["static"].qps_scale == 0 and found["static"].bounded == "below-range"
     assert found["recompute"].qps_scale == 16 and found["recompute"].bounded == "above-range"
-    assert calls[0] == 8 and all(n <= 2 for n in calls[1:])  # one probe per open config
+    assert calls == [1] * len(calls)  # a plain runner runs one probe per call
+
+
+class _ReversedStream:
+    """A Stream with three slots whose latest point finishes first; it records what was in
+    flight together."""
+
+    slots = 3
+
+    def __init__(self, knee: dict[str, float]) -> None:
+        self.runner, _ = _fake_runner(knee)
+        self.flights: list[list[SweepPoint]] = []
+        self._handles = 0
+        self._points: dict[int, SweepPoint] = {}
+
+    def submit(self, point: SweepPoint) -> int:
+        self._handles += 1
+        self._points[self._handles] = point
+        return self._handles
+
+    def wait(self, handles):
+        self.flights.append([self._points[h] for h in handles])
+        last = max(handles)
+        return [(last, self.runner([self._points.pop(last)])[0])]
+
+
+def test_capacity_streamed_out_of_order_finds_the_same_knees_one_probe_in_flight_each():
+    knees = {"continuous": 3.0, "chunked": 5.5, "static": 0.1, "recompute": 100.0}
+    configs = [SweepPoint(p, 1.0) for p in knees]
+    plain_runner, _ = _fake_runner(knees)
+    plain = find_capacity(plain_runner, configs, CapacitySlo(), 0.25, 16)
+    stream = _ReversedStream(knees)
+    streamed = find_capacity(stream, configs, CapacitySlo(), 0.25, 16)
+    assert [(c.qps_scale, c.bounded, len(c.probes)) for c in streamed] == \
+        [(c.qps_scale, c.bounded, len(c.probes)) for c in plain]
+    assert max(len(f) for f in stream.flights) == 3
+    for flight in stream.flights:  # past its two range ends, one probe per configuration
+        policies = [p.policy for p in flight if p.qps_scale not in (0.25, 16)]
+        assert len(policies) == len(set(policies))
 
 
 def test_capacity_slo_needs_no_request_failed():
