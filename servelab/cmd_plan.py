@@ -144,7 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         # One probe per worker in flight, the cheapest wanted started as soon as one ends.
         search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
                                  None if args.exhaustive else context.usd_per_hour, args.top,
-                                 args.workers or os.cpu_count() or 1)
+                                 args.workers or os.cpu_count() or 1,
+                                 None if args.exhaustive else trace.span_s)
         met = search.met
         best = cheapest(met, per="hardware")
         run.skip(search.skipped)

@@ -179,7 +179,8 @@ class ScaleSearch:
 def smallest_scales(runner: Runner | Stream, families: Sequence[Family], slo: CapacitySlo,
                     max_engines: int, stop_early: bool = True,
                     price: Callable[[Family, int], float] | None = None,
-                    top: int = 0, batch: int | None = None) -> ScaleSearch:
+                    top: int = 0, batch: int | None = None,
+                    span_s: float | None = None) -> ScaleSearch:
     """Each family's smallest scale meeting the SLO (doubling, then bisection: a family
     that holds at a scale holds at every larger one). stop_early: each probe stops once it
     certainly misses the SLO (the same verdicts). With `price` ($/hour of a family at a
@@ -191,7 +192,9 @@ def smallest_scales(runner: Runner | Stream, families: Sequence[Family], slo: Ca
     `batch` probes (default 1) are in flight at once, one per family, each started as
     another ends (a runner with submit and wait; a plain one runs each as it starts);
     with price, the cheapest probe wanted starts first, so cheap holders are found (and
-    dear families pruned) before dear probes run."""
+    dear families pruned) before dear probes run. With span_s (the trace's), a family grows
+    past a failed scale by less than double the longer that probe ran (_growth); the
+    answers are the same, the scales probed on the way differ."""
     verdict = slo if stop_early else None
     stream = as_stream(runner)
     state = [{"family": f, "fail": 0, "ok": None, "next": 1} for f in families]
@@ -216,7 +219,7 @@ def smallest_scales(runner: Runner | Stream, families: Sequence[Family], slo: Ca
                 s["ok"], s["row"] = scale, row
             else:
                 s["fail"] = scale
-            s["next"] = _next_scale(s, _max_scale(s, max_engines))
+            s["next"] = _next_scale(s, _max_scale(s, max_engines), _growth(row, span_s))
     out.met = [s["row"] for s in state if s["ok"] is not None and not s.get("pruned")]
     return out
 
@@ -251,11 +254,26 @@ def _prune(state: list[dict], price: Callable[[Family, int], float], top: int,
             s["next"] -= 1
 
 
-def _next_scale(search: dict, max_scale: int) -> int | None:
+def _next_scale(search: dict, max_scale: int, growth: float = 1.0) -> int | None:
+    """The next scale to probe: growing by up to `growth` times the highest failing one
+    until one holds (no further than doubling from 1 reaches), then bisecting."""
     low, high = search["fail"], search["ok"]
-    if high is None:  # still doubling
-        return low * 2 if low * 2 <= max_scale else None
+    if high is None:  # still growing
+        reach = 1 << (max_scale.bit_length() - 1) if max_scale >= 1 else 0
+        return min(low + max(round(low * growth), 1), reach) if low < reach else None
     return (low + high) // 2 if high - low > 1 else None
+
+
+def _growth(row: dict, span_s: float | None) -> float:
+    """How much to grow a family's scale past a probe that failed: double (1.0) unless the
+    probe ran long before it certainly failed, which says the scale fell only a little short
+    of holding; a holder above it would be run to the end for nothing (the costliest run of
+    the search), so the step shrinks with the part of the trace the probe got through."""
+    if span_s is None or not span_s > 0:
+        return 1.0
+    stopped_s = row.get("stopped_s")
+    done = 1.0 if stopped_s is None else min(stopped_s / span_s, 1.0)
+    return (1.0 - done) ** 2
 
 
 def cheapest(rows: Sequence[dict], per: str | None = None) -> list[dict]:
