@@ -71,9 +71,15 @@ def test_ray_gives_identical_rows(context):
     points = grid(["continuous", "recompute"], [2.0, 8.0], num_blocks=[600])
     with LocalRunner(context, workers=1) as runner:
         local = runner(points)
+    configs = [SweepPoint("chunked", 1.0)]
+    slo = CapacitySlo(1500.0, 120.0)
+    with LocalRunner(context, workers=2) as runner:  # points one at a time, in a pool
+        pooled = find_capacity(runner, configs, slo, 0.5, 32.0)
     with RayRunner(context, "auto", workers=2) as runner:
         remote = runner(points)
+        streamed = find_capacity(runner, configs, slo, 0.5, 32.0)
     assert remote == local
+    assert [(c.qps_scale, c.probes) for c in streamed] == [(c.qps_scale, c.probes) for c in pooled]
 
 
 def _fake_runner(knee: dict[str, float]):
