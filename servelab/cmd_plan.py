@@ -141,10 +141,11 @@ def _run(args: argparse.Namespace) -> int:
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
-        # Rounds of twice the workers: the cheapest probes first, the pool kept busy.
+        # One probe per worker in flight, the cheapest wanted started as soon as one ends.
         search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
                                  None if args.exhaustive else context.usd_per_hour, args.top,
-                                 2 * (args.workers or os.cpu_count() or 1))
+                                 args.workers or os.cpu_count() or 1,
+                                 None if args.exhaustive else trace.span_s)
         met = search.met
         best = cheapest(met, per="hardware")
         run.skip(search.skipped)

@@ -29,10 +29,12 @@ from sweeps.grid import (
     Capacity,
     CapacitySlo,
     SweepContext,
+    SweepPoint,
     capacity_records,
     find_capacity,
     grid,
 )
+from sweeps.rising import sweep_capacity, was_run
 from sweeps.runners import LocalRunner, RayRunner
 
 QPS_SCALES_TEXT = ",".join(f"{x:g}" for x in DEFAULT_QPS_SCALES)
@@ -73,8 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cap.add_argument("--capacity-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
     cap.add_argument("--capacity-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
     cap.add_argument("--capacity-full-runs", action="store_true",
-                     help="run every capacity probe to its end instead of stopping it once "
-                          "it certainly misses the SLO (the same capacities, slower)")
+                     help="run every rate of the grid and every capacity probe to its end "
+                          "instead of skipping rates above one that misses the SLO and "
+                          "stopping a probe once it certainly misses it (the same "
+                          "capacities, slower)")
     cap.add_argument("--capacity-range", default="0.25,16",
                      help="LOW,HIGH qps scales to search between (default 0.25,16)")
     sweep.set_defaults(func=_run)
@@ -123,28 +127,33 @@ def _run(args: argparse.Namespace) -> int:
     else:
         runner = LocalRunner(context, args.workers, progress=True)
     capacities: list[Capacity] = []
+    # A capacity search skips what load monotonicity decides (--capacity-full-runs: not).
+    shortcuts = args.capacity and not args.capacity_full_runs
     with runner:
-        rows = runner(points)
-        if args.capacity:
-            configs = list({p.config_key: p for p in points}.values())
-            ran: dict[tuple, list[dict]] = {}  # the grid's rows reused by the bisection
-            for point, row in zip(points, rows, strict=True):
-                ran.setdefault(point.config_key, []).append(row)
-            capacities = find_capacity(runner, configs, capacity_slo, low, high,
-                                       stop_early=not args.capacity_full_runs,
-                                       known=[ran[c.config_key] for c in configs])
-    table = pd.DataFrame(rows).sort_values(["policy", "num_blocks", "token_budget",
-                                            "max_num_seqs", "qps_scale"], kind="stable")
+        if shortcuts:
+            rows, capacities = sweep_capacity(runner, context, points, capacity_slo, low, high)
+            grid_runs = sum(map(was_run, rows))
+            runner.skip(len(rows) - grid_runs + sum(c.implied for c in capacities))
+        else:
+            rows = runner(points)
+            grid_runs = len(rows)
+            if args.capacity:
+                capacities = _capacities(runner, points, rows, capacity_slo, low, high)
+    table = _table(rows)
     trace = context.trace
     print(f"trace {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} req/s "
-          f"(scale 1); {where}; {len(rows)} runs")
+          f"(scale 1); {where}; {grid_runs} runs"
+          + (f", {len(rows) - grid_runs} rates not run (they fail at a lower rate)"
+             if grid_runs < len(rows) else ""))
     print(format_sweep(table))
     if capacities:
         print(format_capacity(capacities, capacity_slo))
         counts = runner.counts
-        reused = sum(p is r for c in capacities for p in c.probes for r in rows)
-        print(f"  {counts['started'] - len(rows)} capacity runs, {counts['stopped']} of them "
-              f"stopped early (certain to miss the SLO); {reused} probes reused a sweep row")
+        implied = sum(c.implied for c in capacities)
+        reused = sum(p is r for c in capacities for p in c.probes for r in rows) - implied
+        print(f"  {counts['started'] - grid_runs} capacity runs, {counts['stopped']} of them "
+              f"stopped early (certain to miss the SLO); {reused} probes reused a sweep row"
+              + (f", {implied} decided by one at another rate (not run)" if shortcuts else ""))
     if args.out is not None:
         _write_out(args.out, table, capacities, capacity_slo, trace.name)
     if args.json is not None:
@@ -154,10 +163,34 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(rows: list[dict]) -> pd.DataFrame:
+    """The rows as one table, sorted by configuration then rate; integer counts stay
+    integers (nullable where a row was not run)."""
+    table = pd.DataFrame(rows)
+    ran = [row for row in rows if was_run(row)]
+    if ran and len(ran) < len(rows):
+        ints = [k for k, v in ran[0].items() if type(v) is int]
+        table[ints] = table[ints].astype("Int64")
+    return table.sort_values(["policy", "num_blocks", "token_budget", "max_num_seqs",
+                              "qps_scale"], kind="stable")
+
+
+def _capacities(runner: LocalRunner | RayRunner, points: list[SweepPoint], rows: list[dict],
+                slo: CapacitySlo, low: float, high: float) -> list[Capacity]:
+    """Bisect each configuration's capacity, every probe run to its end, reusing the grid's
+    rows at the rates it ran."""
+    configs = list({p.config_key: p for p in points}.values())
+    ran: dict[tuple, list[dict]] = {c.config_key: [] for c in configs}
+    for point, row in zip(points, rows, strict=True):
+        ran[point.config_key].append(row)
+    return find_capacity(runner, configs, slo, low, high, stop_early=False,
+                         known=[ran[c.config_key] for c in configs])
+
+
 SWEEP_COLUMNS = (("rate_rps", "{:.2f}"), ("output_throughput", "{:.0f}"),
                  ("median_ttft_ms", "{:.0f}"), ("p99_ttft_ms", "{:.0f}"),
                  ("median_itl_ms", "{:.1f}"), ("p99_itl_ms", "{:.1f}"),
-                 ("preemptions", "{:d}"))
+                 ("preemptions", "{:.0f}"))  # (a float once a row was not run)
 
 
 def format_sweep(table: pd.DataFrame) -> str:
@@ -165,8 +198,11 @@ def format_sweep(table: pd.DataFrame) -> str:
         f"{key.removesuffix('_ms'):>18}" for key, _ in SWEEP_COLUMNS)
     lines = [head]
     for row in table.to_dict("records"):
-        cells = "".join(f"{'-' if pd.isna(row[k]) else fmt.format(row[k]):>18}"
-                        for k, fmt in SWEEP_COLUMNS)
+        if not was_run(row):  # the rate, then why there are no numbers
+            cells = f"{row['rate_rps']:>18.2f}   {row['not_run']}"
+        else:
+            cells = "".join(f"{'-' if pd.isna(row[k]) else fmt.format(row[k]):>18}"
+                            for k, fmt in SWEEP_COLUMNS)
         lines.append(f"{row['policy']:<11}{row['num_blocks']:>8}{row['token_budget']:>7}"
                      f"{row['max_num_seqs']:>5}{row['qps_scale']:>7.3g}{cells}")
     return "\n".join(lines)
@@ -197,6 +233,7 @@ def _write_out(out_dir: Path, table: pd.DataFrame, capacities: list[Capacity],
     if capacities:
         pd.DataFrame(capacity_records(capacities, slo)).to_csv(out_dir / "capacity.csv",
                                                                index=False)
-    path = latency_vs_load(table, capacity_records(capacities, slo), slo, out_dir, title)
+    ran = table[[was_run(row) for row in table.to_dict("records")]]  # (no numbers to draw)
+    path = latency_vs_load(ran, capacity_records(capacities, slo), slo, out_dir, title)
     print(f"wrote sweep.parquet, sweep.csv{', capacity.csv' if capacities else ''} and "
           f"{path.name} to {out_dir}")

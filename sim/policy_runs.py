@@ -95,8 +95,10 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
     """Requests through one engine, or through the cluster `cluster` describes (every
     engine with its own scheduler of `config`); the cluster's own result when there is one.
     An on_step that raises VerdictReached (sim.verdict.SloWatch) stops the replay: the run
-    as it stood, with its stop time (and no cluster result). With a loop, requests arrive as
-    it releases them (sim.closed_loop), not at their times."""
+    as it stood, with its stop time (and no cluster result): the requests that had arrived
+    by then (those still to come were no part of it, and summing them up would cost as much
+    as the stopped run itself). With a loop, requests arrive as it releases them
+    (sim.closed_loop), not at their times."""
     single = cluster is None or cluster.num_engines == 1 and not cluster.disaggregated
     engines = [Engine(Scheduler(config), backend)
                for _ in range(1 if single else cluster.num_engines)]
@@ -111,7 +113,8 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
             ran = run_cluster(requests, engines, cluster, on_step=on_step)
     except VerdictReached as stop:
         return RunResult(
-            requests=list(requests), steps=[s for e in engines for s in e.steps],
+            requests=[r for r in requests if r.arrival_s <= stop.stopped_s],
+            steps=[s for e in engines for s in e.steps],
             num_preemptions=sum(e.scheduler.num_preemptions for e in engines),
             num_blocks=config.num_blocks, max_num_seqs=config.max_num_seqs,
             stopped_s=stop.stopped_s), None

@@ -60,6 +60,10 @@ class SloWatch:
         kept = [r for r in requests if not never_fits(r.prompt_len + r.max_new_tokens)]
         self.pending = kept  # in arrival order: the first `passed` are old enough to judge
         self.passed = 0
+        # Before this time the next pending request cannot be old enough (a hair early, so
+        # the exact test in _pass decides): most steps need no look at the queue.
+        self._early_s = ttft_p99_ms * 1e-3 * (1 - 1e-6)
+        self.due_s = kept[0].arrival_s + self._early_s if kept else math.inf
         self.tracked = {id(r) for r in kept}  # (a P/D prefill stand-in is not one of them)
         self.judged: set[int] = set()  # id() of requests whose TTFT is counted
         self.num_requests = len(kept)
@@ -72,12 +76,12 @@ class SloWatch:
         self.itl_needed = _needed(self.num_gaps)
 
     def __call__(self, now: float, finished: list[Request]) -> None:
-        for request in finished:
-            if id(request) in self.tracked:
-                self._finished(request)
-        pending = self.pending
-        if self.passed < len(pending) and (
-                now - pending[self.passed].arrival_s) * 1e3 > self.ttft_ms:
+        if finished:
+            tracked = self.tracked
+            for request in finished:
+                if id(request) in tracked:
+                    self._finished(request)
+        if now > self.due_s:
             self._pass(now)
         if len(self.unjudged_gaps) >= _ITL_BATCH:
             self._count_gaps()
@@ -109,6 +113,7 @@ class SloWatch:
                 self._judge(request, request.token_times_s[0])
             i += 1
         self.passed = i
+        self.due_s = pending[i].arrival_s + self._early_s if i < len(pending) else math.inf
 
     def _count_gaps(self) -> None:
         gaps = inter_token_latencies_ms(self.unjudged_gaps)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from sim.cluster import ClusterConfig
@@ -22,12 +22,14 @@ from sim.policy_runs import run_deployment
 from sim.scheduler import SchedulerConfig
 from sim.verdict import SloWatch
 from sim.workload import requests_from_trace
+from sweeps.stream import Search, as_stream, drive
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
 
 # The rate multipliers a sweep runs by default: where the conv trace goes from light load to
 # overload on the default deployment.
 DEFAULT_QPS_SCALES = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
+REL_TOL = 0.05  # a capacity search ends when its bracket is this narrow (relative)
 
 
 @dataclass(frozen=True)
@@ -128,14 +130,28 @@ def run_point(context: SweepContext, point: SweepPoint) -> dict:
     result, _ = run_deployment(requests, config, context.backend, context.cluster,
                                verdict_watch(requests, point.verdict, config))
     summary = summarize(result, context.slo)
-    row = asdict(point)
-    del row["verdict"]
-    row.update(num_blocks=config.num_blocks, token_budget=config.budget,
-               rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf)
+    row = point_row(context, point)
     if point.verdict is not None:
         row["stopped_s"] = result.stopped_s
     row.update(summary)
     return row
+
+
+def point_row(context: SweepContext, point: SweepPoint) -> dict:
+    """A point's row before its summary: the point, the resolved limits, the rate."""
+    config = context.config(point)
+    row = asdict(point)
+    del row["verdict"]
+    row.update(num_blocks=config.num_blocks, token_budget=config.budget,
+               rate_rps=rate_rps(context.trace, point.qps_scale))
+    return row
+
+
+def rate_rps(trace: Trace, qps_scale: float) -> float:
+    """The request rate of `trace` scaled by qps_scale, as a run at that scale reports it."""
+    if qps_scale != 1:
+        trace = scale_qps(trace, qps_scale)
+    return len(trace) / trace.span_s if trace.span_s > 0 else math.inf
 
 
 def verdict_watch(requests: list[Request], slo: CapacitySlo | None,
@@ -157,76 +173,117 @@ class Capacity:
     qps_scale: float
     rate_rps: float
     bounded: str  # "" when bracketed; "below-range" or "above-range" otherwise
-    probes: list[dict]  # every row run while searching
+    probes: list[dict]  # the row that decided each probe: run, reused, or implying it
+    implied: int = 0  # probes decided by a known row at another rate (not run)
 
 
-def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
-                  low: float, high: float, rel_tol: float = 0.05,
-                  stop_early: bool = True,
-                  known: Sequence[Sequence[dict]] | None = None) -> list[Capacity]:
-    """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
-    stop_early: each probe stops once it certainly misses the SLO (the same verdicts);
-    known: rows each configuration already ran (a sweep's), reused for a probe at the
-    same qps_scale instead of running it again (a run is deterministic).
-
-    Each round runs one probe per unfinished configuration through `runner`, so a pool
-    works on all configurations at once. Latency is assumed to grow with the rate, which
-    holds for these schedulers except within noise of a knee.
-    """
+def check_range(low: float, high: float, rel_tol: float = REL_TOL) -> None:
+    """A capacity search's range and tolerance, or a ValueError naming the bad one."""
     if not 0 < low < high:
         raise ValueError(f"capacity search needs 0 < low < high, got {low}, {high}")
     if not rel_tol > 0:
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
+
+
+def find_capacity(runner: Runner, configs: Sequence[SweepPoint], slo: CapacitySlo,
+                  low: float, high: float, rel_tol: float = REL_TOL,
+                  stop_early: bool = True,
+                  known: Sequence[Sequence[dict]] | None = None,
+                  rate_of: Callable[[float], float] | None = None) -> list[Capacity]:
+    """Bisect (geometrically) each configuration's rate in [low, high] to within rel_tol;
+    stop_early: each probe stops once it certainly misses the SLO (the same verdicts);
+    known: rows each configuration already ran (a sweep's), reused for a probe at the
+    same qps_scale instead of running it again (a run is deterministic); rate_of (the
+    request rate at a qps scale): given, a probe whose verdict a known row implies is not
+    run either (see _deciding), and the bisection takes the same path.
+
+    The configurations are searched side by side (sweeps.stream.drive), one probe each at
+    a time, a pool's workers each starting one as soon as it is free. Latency is assumed to
+    grow with the rate, which holds for these schedulers except within noise of a knee.
+    """
+    check_range(low, high, rel_tol)
     verdict = slo if stop_early else None
-    configs = [replace(c, verdict=verdict) for c in configs]
-    by_scale = [{row["qps_scale"]: row for row in rows}
-                for rows in (known if known is not None else [()] * len(configs))]
-    if len(by_scale) != len(configs):
-        raise ValueError(f"known has rows for {len(by_scale)} of {len(configs)} configurations")
-    edges = iter(_probe(runner, [(i, replace(c, qps_scale=s)) for i, c in enumerate(configs)
-                                 for s in (low, high)], by_scale))
-    state = []
-    for config in configs:
-        lo_row, hi_row = next(edges), next(edges)
-        search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": ""}
-        if slo.met(hi_row):
-            search.update(lo=high, row=hi_row, bounded="above-range")
-        elif slo.met(lo_row):
-            search.update(lo=low, row=lo_row)
+    known = list(known) if known is not None else [()] * len(configs)
+    if len(known) != len(configs):
+        raise ValueError(f"known has rows for {len(known)} of {len(configs)} configurations")
+    stream = as_stream(runner)
+    searches = [bisect_rate(replace(c, verdict=verdict), slo, low, high, rel_tol, rows,
+                            rate_of) for c, rows in zip(configs, known, strict=True)]
+    return drive(stream, searches, stream.slots)
+
+
+def bisect_rate(config: SweepPoint, slo: CapacitySlo, low: float, high: float,
+                rel_tol: float, known: Sequence[dict] = (),
+                rate_of: Callable[[float], float] | None = None) -> Search:
+    """One configuration's capacity search (find_capacity's), as a sweeps.stream Search."""
+    imply = rate_of is not None
+    ((lo_row, lo_implied), (hi_row, hi_implied)) = yield from _decided(
+        [replace(config, qps_scale=s) for s in (low, high)], known, slo, imply)
+    search = {"config": config, "hi": high, "probes": [lo_row, hi_row], "bounded": "",
+              "implied": lo_implied + hi_implied}
+    if slo.met(hi_row):
+        search.update(lo=high, row=hi_row, row_implied=hi_implied, bounded="above-range")
+    elif slo.met(lo_row):
+        search.update(lo=low, row=lo_row, row_implied=lo_implied)
+    else:
+        search.update(lo=low, row=None, bounded="below-range")
+    while not search["bounded"] and search["hi"] / search["lo"] > 1 + rel_tol:
+        mid = math.sqrt(search["lo"] * search["hi"])
+        ((row, implied),) = yield from _decided([replace(config, qps_scale=mid)], known, slo,
+                                                imply)
+        search["probes"].append(row)
+        search["implied"] += implied
+        if slo.met(row):
+            search.update(lo=mid, row=row, row_implied=implied)
         else:
-            search.update(lo=low, row=None, bounded="below-range")
-        state.append(search)
-    while True:
-        open_ = [s for s in state if not s["bounded"] and s["hi"] / s["lo"] > 1 + rel_tol]
-        if not open_:
-            break
-        mids = [math.sqrt(s["lo"] * s["hi"]) for s in open_]
-        rows = _probe(runner, [(state.index(s), replace(s["config"], qps_scale=m))
-                               for s, m in zip(open_, mids, strict=True)], by_scale)
-        for s, mid, row in zip(open_, mids, rows, strict=True):
-            s["probes"].append(row)
-            if slo.met(row):
-                s.update(lo=mid, row=row)
-            else:
-                s["hi"] = mid
-    out = []
-    for s in state:
-        row = s["row"]
-        scale = s["lo"] if row is not None else 0.0
-        out.append(Capacity(point=replace(s["config"], qps_scale=scale, verdict=None),
-                            qps_scale=scale,
-                            rate_rps=row["rate_rps"] if row is not None else 0.0,
-                            bounded=s["bounded"], probes=s["probes"]))
-    return out
+            search["hi"] = mid
+    return _capacity(search, rate_of)
 
 
-def _probe(runner: Runner, wanted: list[tuple[int, SweepPoint]],
-           by_scale: list[dict[float, dict]]) -> list[dict]:
-    """The rows of (configuration index, point) pairs: known ones reused, the rest run."""
-    rows = [by_scale[i].get(point.qps_scale) for i, point in wanted]
-    ran = iter(runner([point for (_, point), row in zip(wanted, rows, strict=True)
-                       if row is None]))
-    return [row if row is not None else next(ran) for row in rows]
+def _capacity(search: dict, rate_of: Callable[[float], float] | None) -> Capacity:
+    row, scale = search["row"], search["lo"]
+    if row is None:
+        rate, scale = 0.0, 0.0
+    else:  # (a row that implied the verdict ran at another rate)
+        rate = rate_of(scale) if search["row_implied"] else row["rate_rps"]
+    return Capacity(point=replace(search["config"], qps_scale=scale, verdict=None),
+                    qps_scale=scale, rate_rps=rate, bounded=search["bounded"],
+                    probes=search["probes"], implied=search["implied"])
+
+
+def _decided(points: list[SweepPoint], known: Sequence[dict], slo: CapacitySlo,
+             imply: bool) -> Generator[list[SweepPoint], list[dict], list[tuple[dict, bool]]]:
+    """The rows of points, each with whether a known row at another rate implied it: known
+    ones deciding them reused, the rest run (yielded to the search's driver)."""
+    rows = [_deciding(known, point.qps_scale, slo, imply) for point in points]
+    ran = iter((yield [point for point, row in zip(points, rows, strict=True) if row is None]))
+    return [(next(ran), False) if row is None else (row, row["qps_scale"] != point.qps_scale)
+            for point, row in zip(points, rows, strict=True)]
+
+
+def _deciding(rows: Sequence[dict], scale: float, slo: CapacitySlo, imply: bool
+              ) -> dict | None:
+    """A known row that decides a probe at `scale`: one run at that rate, or with imply,
+    the lowest that fails below it (more load only adds latency: it fails too) or the
+    highest that holds above it (it holds too). Only rows that agree with that (none
+    holds above one that fails) imply anything."""
+    for row in rows:
+        if row["qps_scale"] == scale:
+            return row
+    if not imply or not rows:
+        return None
+    failing = [r for r in rows if not slo.met(r)]
+    holding = [r for r in rows if slo.met(r)]
+    lowest_fail = min(failing, key=lambda r: r["qps_scale"], default=None)
+    highest_hold = max(holding, key=lambda r: r["qps_scale"], default=None)
+    if (lowest_fail is not None and highest_hold is not None
+            and highest_hold["qps_scale"] > lowest_fail["qps_scale"]):
+        return None
+    if lowest_fail is not None and lowest_fail["qps_scale"] < scale:
+        return lowest_fail
+    if highest_hold is not None and highest_hold["qps_scale"] > scale:
+        return highest_hold
+    return None
 
 
 def capacity_records(capacities: list[Capacity], slo: CapacitySlo) -> list[dict]:

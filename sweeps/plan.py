@@ -4,9 +4,8 @@ A family fixes the GPU, tensor-parallel degree, router, P/D ratio and engine lim
 scale is the number of replicas (co-located) or of P:D groups (scale x P prefill and
 scale x D decode engines). The planner finds each family's smallest scale meeting the SLO
 at the trace's rate (latency falls as engines are added: doubling from 1, then bisection),
-prices it in GPU-hours, and then finds the highest rate the cheapest ones hold. Each round
-runs one probe per unfinished family through a sweep runner, so a pool works on all of
-them at once.
+prices it in GPU-hours, and then finds the highest rate the cheapest ones hold. Probes run
+through a sweep runner, one per worker in flight, so a pool works on many families at once.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cost_model import AnalyticCostModel
@@ -30,6 +30,7 @@ from sim.router import RouterConfig
 from sim.scheduler import SchedulerConfig
 from sim.workload import requests_from_trace
 from sweeps.grid import CapacitySlo, Runner, verdict_watch
+from sweeps.stream import Stream, as_stream
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
 
@@ -175,38 +176,50 @@ class ScaleSearch:
     skipped: int = 0  # probes not run: one per pruned family (the fewest it still needed)
 
 
-def smallest_scales(runner: Runner, families: Sequence[Family], slo: CapacitySlo,
+def smallest_scales(runner: Runner | Stream, families: Sequence[Family], slo: CapacitySlo,
                     max_engines: int, stop_early: bool = True,
                     price: Callable[[Family, int], float] | None = None,
-                    top: int = 0, batch: int | None = None) -> ScaleSearch:
+                    top: int = 0, batch: int | None = None,
+                    span_s: float | None = None) -> ScaleSearch:
     """Each family's smallest scale meeting the SLO (doubling, then bisection: a family
     that holds at a scale holds at every larger one). stop_early: each probe stops once it
     certainly misses the SLO (the same verdicts). With `price` ($/hour of a family at a
     scale), a family is pruned once its cheapest scale not known to fail is dearer than
     the cheapest holding deployment of its GPU and than the top-th cheapest holding one:
-    it could then enter neither `cheapest` list. With price and `batch`, each round runs
-    only the `batch` cheapest probes, so cheap holders are found (and dear families pruned)
-    before dear probes run; each family's probes are the same, in the same order."""
+    it could then enter neither `cheapest` list; for the same reason no probe is dearer
+    than both (a holder there is bisected down from it, a failure prunes the family).
+
+    `batch` probes (default 1) are in flight at once, one per family, each started as
+    another ends (a runner with submit and wait; a plain one runs each as it starts);
+    with price, the cheapest probe wanted starts first, so cheap holders are found (and
+    dear families pruned) before dear probes run. With span_s (the trace's), a family grows
+    past a failed scale by less than double the longer that probe ran (_growth); the
+    answers are the same, the scales probed on the way differ."""
     verdict = slo if stop_early else None
+    stream = as_stream(runner)
     state = [{"family": f, "fail": 0, "ok": None, "next": 1} for f in families]
     out = ScaleSearch([], [])
+    in_flight: dict[Any, tuple[dict, int]] = {}  # handle -> (family's search, its scale)
     while True:
         if price is not None:
             _prune(state, price, top, out)
-        open_ = [s for s in state if s["next"] is not None]
-        if not open_:
+        wanted = [s for s in state if s["next"] is not None]
+        if price is not None:
+            wanted.sort(key=lambda s: price(s["family"], s["next"]))
+        for s in wanted[:max((batch or 1) - len(in_flight), 0)]:
+            handle = stream.submit(PlanPoint(s["family"], s["next"], verdict=verdict))
+            in_flight[handle] = (s, s["next"])
+            s["next"] = None  # (none while this probe runs)
+        if not in_flight:
             break
-        if price is not None and batch is not None:
-            open_ = sorted(open_, key=lambda s: price(s["family"], s["next"]))[:batch]
-        rows = runner([PlanPoint(s["family"], s["next"], verdict=verdict) for s in open_])
-        out.probes += rows
-        for s, row in zip(open_, rows, strict=True):
-            scale = s["next"]
+        for handle, row in stream.wait(list(in_flight)):
+            s, scale = in_flight.pop(handle)
+            out.probes.append(row)
             if row["meets_slo"]:
                 s["ok"], s["row"] = scale, row
             else:
                 s["fail"] = scale
-            s["next"] = _next_scale(s, _max_scale(s, max_engines))
+            s["next"] = _next_scale(s, _max_scale(s, max_engines), _growth(row, span_s))
     out.met = [s["row"] for s in state if s["ok"] is not None and not s.get("pruned")]
     return out
 
@@ -229,18 +242,38 @@ def _prune(state: list[dict], price: Callable[[Family, int], float], top: int,
         best = per_gpu.get(s["family"].hardware)
         if s["next"] is None or best is None:
             continue
-        cheapest_left = price(s["family"], s["fail"] + 1)
-        if cheapest_left > best["usd_per_hour"] and cheapest_left > overall:
+        # A holding scale dearer than this enters neither list: probe no higher (the search
+        # stays between the highest failing scale and the lowest holding one, as it must).
+        limit = max(best["usd_per_hour"], overall)
+        if price(s["family"], s["fail"] + 1) > limit:
             out.skipped += 1  # (at least: its search had one more probe to run, or more)
             s["next"], s["pruned"] = None, True
             out.pruned.append((s["family"], best["deployment"]))
+            continue
+        while price(s["family"], s["next"]) > limit:
+            s["next"] -= 1
 
 
-def _next_scale(search: dict, max_scale: int) -> int | None:
+def _next_scale(search: dict, max_scale: int, growth: float = 1.0) -> int | None:
+    """The next scale to probe: growing by up to `growth` times the highest failing one
+    until one holds (no further than doubling from 1 reaches), then bisecting."""
     low, high = search["fail"], search["ok"]
-    if high is None:  # still doubling
-        return low * 2 if low * 2 <= max_scale else None
+    if high is None:  # still growing
+        reach = 1 << (max_scale.bit_length() - 1) if max_scale >= 1 else 0
+        return min(low + max(round(low * growth), 1), reach) if low < reach else None
     return (low + high) // 2 if high - low > 1 else None
+
+
+def _growth(row: dict, span_s: float | None) -> float:
+    """How much to grow a family's scale past a probe that failed: double (1.0) unless the
+    probe ran long before it certainly failed, which says the scale fell only a little short
+    of holding; a holder above it would be run to the end for nothing (the costliest run of
+    the search), so the step shrinks with the part of the trace the probe got through."""
+    if span_s is None or not span_s > 0:
+        return 1.0
+    stopped_s = row.get("stopped_s")
+    done = 1.0 if stopped_s is None else min(stopped_s / span_s, 1.0)
+    return (1.0 - done) ** 2
 
 
 def cheapest(rows: Sequence[dict], per: str | None = None) -> list[dict]:

@@ -2,7 +2,9 @@
 
 Each runner maps points to rows in order with a task (context, point) -> row, run_point by
 default, and ships the shared context (the trace and the cost model) to a worker once, not
-once per point. The capacity planner runs its own points through the same runners.
+once per point. The capacity planner runs its own points through the same runners, one at
+a time (submit, then wait for any), so that each worker starts its next point as soon as
+it is free, chosen from every row so far.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 from tqdm import tqdm
@@ -41,6 +43,23 @@ class Tally:
     def __init__(self, progress: bool) -> None:
         self.progress = progress
         self.started = self.stopped = self.skipped = 0
+        self._stream: tqdm | None = None  # the bar of points submitted one at a time
+
+    def start_one(self) -> None:
+        """A point submitted on its own started: the stream's bar grows by one."""
+        if self._stream is None:
+            self._stream = self.bar(0)
+        self.started += 1
+        self._stream.total += 1
+        self._stream.refresh()
+
+    def done_one(self, row: dict) -> None:
+        """A point submitted on its own finished."""
+        self.done(self._stream, row)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -78,6 +97,10 @@ class LocalRunner:
         """Runs started, stopped early and skipped so far."""
         return self.tally.counts
 
+    @property
+    def slots(self) -> int:
+        return self.workers
+
     def skip(self, num_runs: int) -> None:
         """Count runs a search decided not to start."""
         self.tally.skipped += num_runs
@@ -91,8 +114,26 @@ class LocalRunner:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.tally.close()
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
+
+    def submit(self, point: Any) -> Future:
+        """Start one point (in this process: run it now); its row comes from wait."""
+        self.tally.start_one()
+        if self._pool is not None:
+            return self._pool.submit(_run_in_worker, point)
+        future: Future = Future()
+        future.set_result(self.task(self.context, point))
+        return future
+
+    def wait(self, handles: Sequence[Future]) -> list[tuple[Future, dict]]:
+        """Block until one of the handles finished; every finished one with its row."""
+        done, _ = wait(handles, return_when=FIRST_COMPLETED)
+        finished = [(h, h.result()) for h in handles if h in done]
+        for _, row in finished:
+            self.tally.done_one(row)
+        return finished
 
     def __call__(self, points: Sequence[Any]) -> list[dict]:
         tally = self.tally
@@ -141,6 +182,11 @@ class RayRunner:
         """Count runs a search decided not to start."""
         self.tally.skipped += num_runs
 
+    @property
+    def slots(self) -> int:
+        """workers, or as many as the cluster has CPUs."""
+        return self.workers or max(int(self._ray.cluster_resources().get("CPU", 1)), 1)
+
     def __enter__(self) -> RayRunner:
         ray = self._ray
         address = None if self.address == "auto" else self.address
@@ -150,7 +196,21 @@ class RayRunner:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.tally.close()
         self._ray.shutdown()
+
+    def submit(self, point: Any) -> Any:
+        """Start one point as a task; its row comes from wait."""
+        self.tally.start_one()
+        return self._task.remote(self._context_ref, point)
+
+    def wait(self, handles: Sequence[Any]) -> list[tuple[Any, dict]]:
+        """Block until one of the tasks finished; it with its row."""
+        done, _ = self._ray.wait(list(handles), num_returns=1)
+        finished = list(zip(done, self._ray.get(done), strict=True))
+        for _, row in finished:
+            self.tally.done_one(row)
+        return finished
 
     def __call__(self, points: Sequence[Any]) -> list[dict]:
         limit = self.workers or len(points)

@@ -71,9 +71,15 @@ def test_ray_gives_identical_rows(context):
     points = grid(["continuous", "recompute"], [2.0, 8.0], num_blocks=[600])
     with LocalRunner(context, workers=1) as runner:
         local = runner(points)
+    configs = [SweepPoint("chunked", 1.0)]
+    slo = CapacitySlo(1500.0, 120.0)
+    with LocalRunner(context, workers=2) as runner:  # points one at a time, in a pool
+        pooled = find_capacity(runner, configs, slo, 0.5, 32.0)
     with RayRunner(context, "auto", workers=2) as runner:
         remote = runner(points)
+        streamed = find_capacity(runner, configs, slo, 0.5, 32.0)
     assert remote == local
+    assert [(c.qps_scale, c.probes) for c in streamed] == [(c.qps_scale, c.probes) for c in pooled]
 
 
 def _fake_runner(knee: dict[str, float]):
@@ -101,7 +107,45 @@ def test_capacity_bisects_to_the_knee_and_flags_the_range_ends():
         assert found[policy].bounded == ""
     assert found["static"].qps_scale == 0 and found["static"].bounded == "below-range"
     assert found["recompute"].qps_scale == 16 and found["recompute"].bounded == "above-range"
-    assert calls[0] == 8 and all(n <= 2 for n in calls[1:])  # one probe per open config
+    assert calls == [1] * len(calls)  # a plain runner runs one probe per call
+
+
+class _ReversedStream:
+    """A Stream with three slots whose latest point finishes first; it records what was in
+    flight together."""
+
+    slots = 3
+
+    def __init__(self, knee: dict[str, float]) -> None:
+        self.runner, _ = _fake_runner(knee)
+        self.flights: list[list[SweepPoint]] = []
+        self._handles = 0
+        self._points: dict[int, SweepPoint] = {}
+
+    def submit(self, point: SweepPoint) -> int:
+        self._handles += 1
+        self._points[self._handles] = point
+        return self._handles
+
+    def wait(self, handles):
+        self.flights.append([self._points[h] for h in handles])
+        last = max(handles)
+        return [(last, self.runner([self._points.pop(last)])[0])]
+
+
+def test_capacity_streamed_out_of_order_finds_the_same_knees_one_probe_in_flight_each():
+    knees = {"continuous": 3.0, "chunked": 5.5, "static": 0.1, "recompute": 100.0}
+    configs = [SweepPoint(p, 1.0) for p in knees]
+    plain_runner, _ = _fake_runner(knees)
+    plain = find_capacity(plain_runner, configs, CapacitySlo(), 0.25, 16)
+    stream = _ReversedStream(knees)
+    streamed = find_capacity(stream, configs, CapacitySlo(), 0.25, 16)
+    assert [(c.qps_scale, c.bounded, len(c.probes)) for c in streamed] == \
+        [(c.qps_scale, c.bounded, len(c.probes)) for c in plain]
+    assert max(len(f) for f in stream.flights) == 3
+    for flight in stream.flights:  # past its two range ends, one probe per configuration
+        policies = [p.policy for p in flight if p.qps_scale not in (0.25, 16)]
+        assert len(policies) == len(set(policies))
 
 
 def test_capacity_slo_needs_no_request_failed():
@@ -114,3 +158,32 @@ def test_capacity_slo_needs_no_request_failed():
     assert not slo.met({**good, "p99_ttft_ms": None})
     with pytest.raises(ValueError, match="> 0"):
         CapacitySlo(0, 100)
+
+
+def test_capacity_skips_probes_a_known_row_decides_and_finds_the_same_knee():
+    knees = {"continuous": 3.0, "chunked": 0.1, "static": 100.0}
+    configs = [SweepPoint(p, 1.0) for p in knees]
+    plain_runner, _ = _fake_runner(knees)
+    plain = find_capacity(plain_runner, configs, CapacitySlo(), 0.25, 16)
+    seen: list[SweepPoint] = []
+
+    def runner(points):
+        seen.extend(points)
+        return [{**row, "qps_scale": p.qps_scale}
+                for p, row in zip(points, plain_runner(points), strict=True)]
+
+    grid_rows = {p: runner([SweepPoint(p, s) for s in (2.0, 2.5, 3.5, 5.0)]) for p in knees}
+    seen.clear()
+    found = find_capacity(runner, configs, CapacitySlo(), 0.25, 16,
+                          known=[grid_rows[p] for p in knees], rate_of=lambda s: 10 * s)
+    for fast, full in zip(found, plain, strict=True):
+        assert (fast.qps_scale, fast.rate_rps, fast.bounded) == \
+            (full.qps_scale, full.rate_rps, full.bounded)
+        assert len(fast.probes) == len(full.probes)
+    # continuous: holds at 2.5 and fails at 3.5, so only probes between them run; chunked
+    # fails at 2 (all probes above it implied); static holds at 5 (all below it implied).
+    assert all(p.qps_scale > 5.0 for p in seen if p.policy == "static")
+    assert all(2.5 < p.qps_scale < 3.5 for p in seen if p.policy == "continuous")
+    assert all(p.qps_scale < 2.0 for p in seen if p.policy == "chunked")
+    assert sum(c.implied for c in found) > 0
+    assert found[2].implied == 1  # static: 0.25 implied; 16 is past the grid, and holds
