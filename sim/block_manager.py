@@ -143,6 +143,17 @@ class BlockManager:
             self._take(table, missing)
         return True
 
+    def take_blocks(self, count: int) -> list[int] | None:
+        """count blocks nobody holds, taken as `count` one-block allocations in a row would
+        take them (empty, then fresh, then evicted), for the caller to append to the tables
+        that need one (a quiet run's decode rows, sim.deferred); None, taking none, if
+        fewer are free."""
+        if count > self.num_free_blocks:
+            return None
+        blocks: list[int] = []
+        self._take(blocks, count)
+        return blocks
+
     def _take(self, table: list[int], count: int) -> None:
         """Append count blocks nobody holds to table: empty first, then fresh, then evicted."""
         empty = self._empty

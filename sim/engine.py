@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from sim.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
@@ -127,6 +128,12 @@ class Engine:
         and its record."""
         scheduler = self.scheduler
         deferred, bm = scheduler.deferred, scheduler.block_manager
+        if on_step is None:  # the steps before a row event (all but a run's last) at once
+            plain = min(last - first, deferred.steps_before_event())
+            if plain > 1:
+                start_s = self._plain_quiet_steps(start_s, durations, first, first + plain,
+                                                  begun)
+                first += plain
         allocate, try_allocate = deferred.allocate, bm.try_allocate
         update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.append
         batch_size = decode_seqs = num_tokens = len(deferred.rows)
@@ -149,6 +156,32 @@ class Engine:
             start_s = end_s
             if on_step is not None:
                 on_step(end_s, finished)
+
+    def _plain_quiet_steps(self, start_s: float, durations: list[float], first: int,
+                           last: int, begun: int) -> float:
+        """quiet_steps for steps first..last-1, none of which changes a row at its end:
+        their blocks in one pass (in the order a step at a time takes them), then their
+        records; returns when the last ends."""
+        scheduler = self.scheduler
+        deferred = scheduler.deferred
+        bm = scheduler.block_manager
+        used_before = bm.num_used_blocks
+        taken = deferred.allocate_steps(max(begun - first, 0), last - first, bm.take_blocks)
+        if taken is None:
+            raise RuntimeError("a quiet step found no KV block")
+        ends = list(accumulate(durations[first:last], initial=start_s))  # (the same sums)
+        starts = ends[:-1]
+        del ends[0]
+        deferred.advance(ends)
+        batch_size = decode_seqs = num_tokens = len(deferred.rows)
+        prefill_tokens = padding_rows = num_preempted = 0
+        num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
+        self.steps.extend(_step_record((
+            start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
+            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
+            for start_s, duration_s, kv_blocks_used in zip(
+                starts, durations[first:last], [used_before + n for n in taken]))
+        return ends[-1]
 
     def begin_quiet_step(self) -> None:
         """Apply the start of a quiet step (sim.coast): the deferred rows' new KV blocks."""
