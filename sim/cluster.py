@@ -139,7 +139,12 @@ class _Cluster:
         # engine's requests come from other engines' steps, ordered by SimPy's event ids.)
         self.coasts = [e.scheduler.deferring and not config.disaggregated for e in engines]
         self.runs: list[QuietRun | None] = [None] * len(engines)  # the run each sleeps through
+        self.run_ends: list[simpy.Event | None] = [None] * len(engines)  # when it wakes from it
         self.processes: list[simpy.Process] = []
+        # Each engine's running + waiting count, as least-requests reads it: recounted when
+        # its queues may change (a request added, a step planned or applied) instead of
+        # for every engine at every arrival.
+        self.queued = [0] * len(engines)
         self.served: list[list[Request]] = [[] for _ in engines]
         self.transfers: list[float] = []
         pools = range(len(engines))
@@ -180,16 +185,18 @@ class _Cluster:
         """The engine (an index into self.engines) router picks from pool for request."""
         if not router.needs_loads:
             return pool[router.choose(request.prompt_len, len(pool))]
+        # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
+        # so the counts are kept as they change (self.queued), and the KV usage and the
+        # prefix match are read only by routers that use them.
+        if router.needs_counts_only:
+            queued = self.queued  # (co-located: the pool is every engine, in order)
+            return pool[router.least_queued(queued if len(pool) == len(queued)
+                                            else [queued[i] for i in pool])]
         schedulers = self.schedulers[id(pool)]
         if router.needs_kv:  # quiet runs show their blocks as of now
             for run in self.runs:
                 if run is not None:
                     run.apply(self.env.now)
-        # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
-        # so the KV usage and the prefix match are read only by routers that use them.
-        if router.needs_counts_only:
-            return pool[router.least_queued([len(s.running) + len(s.waiting)
-                                             for s in schedulers])]
         if router.needs_prefix:
             loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage,
                                  len(s.block_manager.cached_prefix(request))
@@ -204,14 +211,38 @@ class _Cluster:
         run = self.runs[index]
         if run is not None:  # its steps up to now are recorded with the queue they had
             run.apply(self.env.now)
-        if not self.engines[index].add(request):
+        added = self.engines[index].add(request)
+        self._recount(index)
+        if not added:
             return False
         if run is not None:  # the next step admits it: the run ends with the one in progress
             run.cut(self.env.now)
             self.runs[index] = None
-            self.processes[index].interrupt()
+            self._cut(index, run.ends[-1])
         self._wake(index)
         return True
+
+    def _cut(self, index: int, end_s: float) -> None:
+        """Wake engine index, asleep through a quiet run, at end_s instead of the run's end.
+
+        Without on_step, its process moves to a new timeout made now (the old one fires
+        with no one waiting, as an interrupted process's would). An interrupt would make
+        the same timeout when it is delivered, before any event due later; until then only
+        the interrupts of engines cut earlier at this instant come first, each making its
+        timeout in the same order (the arrival process is the only source of requests), so
+        the events keep their order without one. An on_step callback may start processes
+        whose events could come in between: with one, the process is interrupted."""
+        if self.on_step is not None:
+            self.processes[index].interrupt()
+            return
+        old = self.run_ends[index]
+        new = self.env.timeout(end_s - self.env.now)
+        new.callbacks, old.callbacks = old.callbacks, []
+        self.run_ends[index] = new
+
+    def _recount(self, index: int) -> None:
+        scheduler = self.engines[index].scheduler
+        self.queued[index] = len(scheduler.running) + len(scheduler.waiting)
 
     def _wake(self, index: int) -> None:
         """Wake engine index if it sleeps (idle, or waiting for KV to come free)."""
@@ -221,7 +252,7 @@ class _Cluster:
             event.succeed()
 
     def stepping(self, index: int):
-        env, engine = self.env, self.engines[index]
+        env, engine, recount = self.env, self.engines[index], self._recount
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
@@ -229,21 +260,25 @@ class _Cluster:
         def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
             nonlocal end_s
             end_s = start_s + duration_s
+            recount(index)  # the step is planned: admissions and evictions are made
             return env.timeout(duration_s if env.now == start_s else end_s - env.now)
 
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
-            if run is not None:
+            if run is not None:  # (an arrival that cuts it wakes the engine sooner: _cut)
                 self.runs[index] = run
+                self.run_ends[index] = wake = env.timeout(run.ends[-1] - env.now)
                 try:
-                    yield env.timeout(run.end_s - env.now)
+                    yield wake
                 except simpy.Interrupt:  # cut by an arrival: wait out the step in progress
-                    yield env.timeout(run.end_s - env.now)
-                self.runs[index] = None
+                    yield env.timeout(run.ends[-1] - env.now)
+                self.runs[index] = self.run_ends[index] = None
                 run.finish()
-                now = run.end_s
+                recount(index)
+                now = run.ends[-1]
                 continue
             finished = yield from engine.step(now, wait)
+            recount(index)
             if finished is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]

@@ -190,7 +190,7 @@ class DeferredDecodes:
         blocks = take_blocks(len(tables))
         if blocks is None:
             return None
-        for table, block in zip(tables, blocks):
+        for table, block in zip(tables, blocks, strict=True):
             table.append(block)
         return taken
 

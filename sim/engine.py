@@ -180,7 +180,7 @@ class Engine:
             start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
             padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
             for start_s, duration_s, kv_blocks_used in zip(
-                starts, durations[first:last], [used_before + n for n in taken]))
+                starts, durations[first:last], [used_before + n for n in taken], strict=True))
         return ends[-1]
 
     def begin_quiet_step(self) -> None:
