@@ -172,7 +172,7 @@ class _Cluster:
         """Route a request that arrives now and queue it (rejected at once if it never fits)."""
         index = self._route(self.router, self.entry, request)
         self.served[index].append(request)
-        if not self.config.disaggregated:
+        if not self.decode:  # co-located
             self._add(index, request)
             return
         stand_in = _prefill_stand_in(request)
@@ -252,7 +252,8 @@ class _Cluster:
             event.succeed()
 
     def stepping(self, index: int):
-        env, engine, recount = self.env, self.engines[index], self._recount
+        env, engine, queued = self.env, self.engines[index], self.queued
+        scheduler = engine.scheduler  # (self._recount, inlined: it runs every step)
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
@@ -260,7 +261,8 @@ class _Cluster:
         def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
             nonlocal end_s
             end_s = start_s + duration_s
-            recount(index)  # the step is planned: admissions and evictions are made
+            # The step is planned: admissions and evictions are made.
+            queued[index] = len(scheduler.running) + len(scheduler.waiting)
             return env.timeout(duration_s if env.now == start_s else end_s - env.now)
 
         while True:
@@ -274,11 +276,11 @@ class _Cluster:
                     yield env.timeout(run.ends[-1] - env.now)
                 self.runs[index] = self.run_ends[index] = None
                 run.finish()
-                recount(index)
+                queued[index] = len(scheduler.running) + len(scheduler.waiting)
                 now = run.ends[-1]
                 continue
             finished = yield from engine.step(now, wait)
-            recount(index)
+            queued[index] = len(scheduler.running) + len(scheduler.waiting)
             if finished is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]
