@@ -16,59 +16,16 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.cluster_config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.coast import QuietRun
 from sim.core import Request, request_overhead_s
 from sim.engine import Engine, StepRecord
-from sim.router import ReplicaLoad, Router, RouterConfig
+from sim.router import ReplicaLoad, Router
 from sim.simulation import RunResult, StalledError, collector_paused
 
-# A 400 Gb/s NIC (ConnectX-7 / InfiniBand NDR), the default KV link of a prefill engine.
-DEFAULT_KV_LINK_GBPS = 400.0
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """How many engines, in which roles, behind which router."""
-
-    num_replicas: int = 1  # engines serving whole requests (co-located prefill and decode)
-    router: RouterConfig = field(default_factory=RouterConfig)
-    # Prefill/decode disaggregation: num_prefill prefill engines and num_decode decode
-    # engines instead of num_replicas co-located ones (both 0: co-located).
-    num_prefill: int = 0
-    num_decode: int = 0
-    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS  # each prefill engine's link, Gb/s
-    kv_bytes_per_token: int = 0  # the model's K and V bytes per token (whole model)
-
-    def __post_init__(self) -> None:
-        if self.num_replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.num_replicas}")
-        if (self.num_prefill > 0) != (self.num_decode > 0) or min(
-                self.num_prefill, self.num_decode) < 0:
-            raise ValueError(f"P/D needs >= 1 prefill and >= 1 decode engine, got "
-                             f"{self.num_prefill}:{self.num_decode}")
-        if not self.kv_link_gbps > 0:
-            raise ValueError(f"kv link must be > 0 Gb/s, got {self.kv_link_gbps}")
-        if self.kv_bytes_per_token < 0:
-            raise ValueError("kv_bytes_per_token must be >= 0")
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.num_prefill > 0
-
-    @property
-    def num_engines(self) -> int:
-        return self.num_prefill + self.num_decode if self.disaggregated else self.num_replicas
-
-    def roles(self) -> list[str]:
-        """Each engine's role, by index: 'mixed', or 'prefill' then 'decode'."""
-        if not self.disaggregated:
-            return ["mixed"] * self.num_replicas
-        return ["prefill"] * self.num_prefill + ["decode"] * self.num_decode
-
-    def transfer_s(self, num_tokens: int) -> float:
-        """Seconds to move num_tokens tokens of KV over one prefill engine's link."""
-        return num_tokens * self.kv_bytes_per_token * 8 / (self.kv_link_gbps * 1e9)
-
+# The config lives beside the replay (sim.cluster_config), imported from here.
+__all__ = ["DEFAULT_KV_LINK_GBPS", "ClusterConfig", "ClusterResult", "run_cluster",
+           "run_engines"]
 
 @dataclass
 class ClusterResult:
@@ -142,8 +99,8 @@ class _Cluster:
         self.run_ends: list[simpy.Event | None] = [None] * len(engines)  # when it wakes from it
         self.processes: list[simpy.Process] = []
         # Each engine's running + waiting count, as least-requests reads it: recounted when
-        # its queues may change (a request added, a step planned or applied) instead of
-        # for every engine at every arrival.
+        # a request joins it or a step of it is applied (planning a step only moves requests
+        # between its queues), instead of for every engine at every arrival.
         self.queued = [0] * len(engines)
         self.served: list[list[Request]] = [[] for _ in engines]
         self.transfers: list[float] = []
@@ -211,8 +168,9 @@ class _Cluster:
         run = self.runs[index]
         if run is not None:  # its steps up to now are recorded with the queue they had
             run.apply(self.env.now)
-        added = self.engines[index].add(request)
-        self._recount(index)
+        engine = self.engines[index]
+        added = engine.add(request)
+        self.queued[index] = len(engine.scheduler.running) + len(engine.scheduler.waiting)
         if not added:
             return False
         if run is not None:  # the next step admits it: the run ends with the one in progress
@@ -223,15 +181,14 @@ class _Cluster:
         return True
 
     def _cut(self, index: int, end_s: float) -> None:
-        """Wake engine index, asleep through a quiet run, at end_s instead of the run's end.
+        """Wake engine index, asleep through a quiet run, at end_s instead of at its end.
 
-        Without on_step, its process moves to a new timeout made now (the old one fires
-        with no one waiting, as an interrupted process's would). An interrupt would make
-        the same timeout when it is delivered, before any event due later; until then only
-        the interrupts of engines cut earlier at this instant come first, each making its
-        timeout in the same order (the arrival process is the only source of requests), so
-        the events keep their order without one. An on_step callback may start processes
-        whose events could come in between: with one, the process is interrupted."""
+        Its process moves to a timeout made now; the old one fires with no one waiting, as
+        an interrupted process's would. An interrupt makes the same timeout once delivered,
+        and until then only interrupts of engines cut earlier at this instant come first
+        (requests come from the arrival process alone), so events keep their order. An
+        on_step callback may start processes whose events come in between: with one, the
+        process is interrupted (tests/sim/test_replay_shortcuts.py compares the two)."""
         if self.on_step is not None:
             self.processes[index].interrupt()
             return
@@ -239,10 +196,6 @@ class _Cluster:
         new = self.env.timeout(end_s - self.env.now)
         new.callbacks, old.callbacks = old.callbacks, []
         self.run_ends[index] = new
-
-    def _recount(self, index: int) -> None:
-        scheduler = self.engines[index].scheduler
-        self.queued[index] = len(scheduler.running) + len(scheduler.waiting)
 
     def _wake(self, index: int) -> None:
         """Wake engine index if it sleeps (idle, or waiting for KV to come free)."""
@@ -253,7 +206,7 @@ class _Cluster:
 
     def stepping(self, index: int):
         env, engine, queued = self.env, self.engines[index], self.queued
-        scheduler = engine.scheduler  # (self._recount, inlined: it runs every step)
+        scheduler = engine.scheduler
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
@@ -261,8 +214,6 @@ class _Cluster:
         def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
             nonlocal end_s
             end_s = start_s + duration_s
-            # The step is planned: admissions and evictions are made.
-            queued[index] = len(scheduler.running) + len(scheduler.waiting)
             return env.timeout(duration_s if env.now == start_s else end_s - env.now)
 
         while True:
