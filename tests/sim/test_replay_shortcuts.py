@@ -44,7 +44,7 @@ def _replay(backend, config: SchedulerConfig, requests: list[Request],
 def calls(monkeypatch):
     """How often each shortcut ran."""
     counts = {"together": 0, "cuts": 0}
-    together, cut = Engine._plain_quiet_steps, _Cluster._cut
+    together, cut = Engine._quiet_steps_together, _Cluster._cut
 
     def counting_together(self, *args):
         counts["together"] += 1
@@ -54,7 +54,7 @@ def calls(monkeypatch):
         counts["cuts"] += self.on_step is None
         cut(self, index, end_s)
 
-    monkeypatch.setattr(Engine, "_plain_quiet_steps", counting_together)
+    monkeypatch.setattr(Engine, "_quiet_steps_together", counting_together)
     monkeypatch.setattr(_Cluster, "_cut", counting_cut)
     return counts
 
