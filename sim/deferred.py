@@ -93,7 +93,11 @@ class DeferredDecodes:
         heapq.heappush(self._k_max, (-k, key, row))
         bs = self.block_size
         if self.on_demand:
-            insort(self._due[(1 - k) % bs], row, key=_running_order)
+            due = self._due[(1 - k) % bs]
+            if not due or due[-1].key < key:  # admitted after every row there (insort's end)
+                due.append(row)
+            else:
+                insort(due, row, key=_running_order)
         # Its computed tokens (length after the step) fill a block; only blocks past those
         # computed so far (k + start - 1 tokens, registered up to `shareable`) can join.
         if self.caching and (k + start - 1) // bs < row.shareable:
