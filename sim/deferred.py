@@ -189,7 +189,11 @@ class DeferredDecodes:
         tables: list[list[int]] = []
         taken = [0] * skip
         for s in range(step + skip, step + count):
-            tables += [row.table for row in due[s % bs] if row.alive]
+            rows = due[s % bs]
+            alive = [row for row in rows if row.alive]
+            if len(alive) != len(rows):  # rows that left are dropped as they are met
+                rows[:] = alive
+            tables += [row.table for row in alive]
             taken.append(len(tables))
         blocks = take_blocks(len(tables))
         if blocks is None:
