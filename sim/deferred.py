@@ -190,10 +190,10 @@ class DeferredDecodes:
         taken = [0] * skip
         for s in range(step + skip, step + count):
             rows = due[s % bs]
-            alive = [row for row in rows if row.alive]
-            if len(alive) != len(rows):  # rows that left are dropped as they are met
-                rows[:] = alive
-            tables += [row.table for row in alive]
+            grown = [row.table for row in rows if row.alive]
+            if len(grown) != len(rows):  # rows that left are dropped as they are met
+                rows[:] = [row for row in rows if row.alive]
+            tables += grown
             taken.append(len(tables))
         blocks = take_blocks(len(tables))
         if blocks is None:
