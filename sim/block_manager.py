@@ -144,10 +144,8 @@ class BlockManager:
         return True
 
     def take_blocks(self, count: int) -> list[int] | None:
-        """count blocks nobody holds, taken as `count` one-block allocations in a row would
-        take them (empty, then fresh, then evicted), for the caller to append to the tables
-        that need one (a quiet run's decode rows, sim.deferred); None, taking none, if
-        fewer are free."""
+        """count free blocks, in the order that many one-block allocations would take them
+        (a quiet run's decode rows, sim.deferred); None, taking none, if fewer are free."""
         if count > self.num_free_blocks:
             return None
         blocks: list[int] = []

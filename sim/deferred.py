@@ -182,9 +182,9 @@ class DeferredDecodes:
         already given theirs, with one call to take_blocks (BlockManager.take_blocks: the
         blocks one allocation at a time would take, in order); how many blocks the steps
         took up to each one's, or None when the pool ran short (none taken). Only for
-        steps before a row event (steps_before_event): until then no row leaves and no
-        block is freed. A due row needs exactly one block: on demand, its table holds the
-        blocks of its computed tokens and no more."""
+        steps no row event ends before the last of (steps_before_event): until the last
+        one's end no row leaves and no block is freed. A due row needs exactly one block: on
+        demand, its table holds the blocks of its computed tokens and no more."""
         step, due, bs = self.step, self._due, self.block_size
         tables: list[list[int]] = []
         taken = [0] * skip
