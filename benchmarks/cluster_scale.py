@@ -1,7 +1,7 @@
 """How fast the simulator replays a large trace over many replicas, on one core.
 
 The target: a 1,000,000-request synthetic trace over 32 replicas behind a router within
-120 s (the reference: one replica of the 8,819-request azure-code trace took 41 s in the
+60 s (the reference: one replica of the 8,819-request azure-code trace took 41 s in the
 best existing simulator on the same machine class). The trace has azure-conv's lengths
 (resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
 deployment is Llama-3-8B on one H100 per replica, chunked prefill, priced by the fitted GPU
@@ -65,7 +65,7 @@ def main() -> None:
     print(f"{cpu_model()}; {args.requests} requests, {args.replicas} replicas, router "
           f"{args.router}, {rate:g} req/s, decode rows {'listed' if args.listed else 'deferred'}")
     print(f"trace built in {built_s:.1f} s; replay {replay_s:.1f} s wall "
-          f"(target 120 s; reference {REFERENCE_S:.0f} s for 8,819 requests on one replica)")
+          f"(target 60 s; reference {REFERENCE_S:.0f} s for 8,819 requests on one replica)")
     print(f"  {replay_s / args.requests * 1e6:.1f} us per request, {replay_s / steps * 1e6:.1f} us "
           f"per step ({steps} steps, mean batch {summary['mean_batch_size']:.1f}), "
           f"{replay_s / tokens * 1e9:.0f} ns per output token ({tokens} tokens)")

@@ -143,6 +143,15 @@ class BlockManager:
             self._take(table, missing)
         return True
 
+    def take_blocks(self, count: int) -> list[int] | None:
+        """count free blocks, in the order that many one-block allocations would take them
+        (a quiet run's decode rows, sim.deferred); None, taking none, if fewer are free."""
+        if count > self.num_free_blocks:
+            return None
+        blocks: list[int] = []
+        self._take(blocks, count)
+        return blocks
+
     def _take(self, table: list[int], count: int) -> None:
         """Append count blocks nobody holds to table: empty first, then fresh, then evicted."""
         empty = self._empty

@@ -16,59 +16,16 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.cluster_config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.coast import QuietRun
 from sim.core import Request, request_overhead_s
 from sim.engine import Engine, StepRecord
-from sim.router import ReplicaLoad, Router, RouterConfig
+from sim.router import ReplicaLoad, Router
 from sim.simulation import RunResult, StalledError, collector_paused
 
-# A 400 Gb/s NIC (ConnectX-7 / InfiniBand NDR), the default KV link of a prefill engine.
-DEFAULT_KV_LINK_GBPS = 400.0
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """How many engines, in which roles, behind which router."""
-
-    num_replicas: int = 1  # engines serving whole requests (co-located prefill and decode)
-    router: RouterConfig = field(default_factory=RouterConfig)
-    # Prefill/decode disaggregation: num_prefill prefill engines and num_decode decode
-    # engines instead of num_replicas co-located ones (both 0: co-located).
-    num_prefill: int = 0
-    num_decode: int = 0
-    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS  # each prefill engine's link, Gb/s
-    kv_bytes_per_token: int = 0  # the model's K and V bytes per token (whole model)
-
-    def __post_init__(self) -> None:
-        if self.num_replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.num_replicas}")
-        if (self.num_prefill > 0) != (self.num_decode > 0) or min(
-                self.num_prefill, self.num_decode) < 0:
-            raise ValueError(f"P/D needs >= 1 prefill and >= 1 decode engine, got "
-                             f"{self.num_prefill}:{self.num_decode}")
-        if not self.kv_link_gbps > 0:
-            raise ValueError(f"kv link must be > 0 Gb/s, got {self.kv_link_gbps}")
-        if self.kv_bytes_per_token < 0:
-            raise ValueError("kv_bytes_per_token must be >= 0")
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.num_prefill > 0
-
-    @property
-    def num_engines(self) -> int:
-        return self.num_prefill + self.num_decode if self.disaggregated else self.num_replicas
-
-    def roles(self) -> list[str]:
-        """Each engine's role, by index: 'mixed', or 'prefill' then 'decode'."""
-        if not self.disaggregated:
-            return ["mixed"] * self.num_replicas
-        return ["prefill"] * self.num_prefill + ["decode"] * self.num_decode
-
-    def transfer_s(self, num_tokens: int) -> float:
-        """Seconds to move num_tokens tokens of KV over one prefill engine's link."""
-        return num_tokens * self.kv_bytes_per_token * 8 / (self.kv_link_gbps * 1e9)
-
+# The config lives beside the replay (sim.cluster_config), imported from here.
+__all__ = ["DEFAULT_KV_LINK_GBPS", "ClusterConfig", "ClusterResult", "run_cluster",
+           "run_engines"]
 
 @dataclass
 class ClusterResult:
@@ -139,7 +96,12 @@ class _Cluster:
         # engine's requests come from other engines' steps, ordered by SimPy's event ids.)
         self.coasts = [e.scheduler.deferring and not config.disaggregated for e in engines]
         self.runs: list[QuietRun | None] = [None] * len(engines)  # the run each sleeps through
+        self.run_ends: list[simpy.Event | None] = [None] * len(engines)  # when it wakes from it
         self.processes: list[simpy.Process] = []
+        # Each engine's running + waiting count, as least-requests reads it: recounted when
+        # a request joins it or a step of it is applied (planning a step only moves requests
+        # between its queues), instead of for every engine at every arrival.
+        self.queued = [0] * len(engines)
         self.served: list[list[Request]] = [[] for _ in engines]
         self.transfers: list[float] = []
         pools = range(len(engines))
@@ -167,7 +129,7 @@ class _Cluster:
         """Route a request that arrives now and queue it (rejected at once if it never fits)."""
         index = self._route(self.router, self.entry, request)
         self.served[index].append(request)
-        if not self.config.disaggregated:
+        if not self.decode:  # co-located
             self._add(index, request)
             return
         stand_in = _prefill_stand_in(request)
@@ -180,16 +142,18 @@ class _Cluster:
         """The engine (an index into self.engines) router picks from pool for request."""
         if not router.needs_loads:
             return pool[router.choose(request.prompt_len, len(pool))]
+        # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
+        # so the counts are kept as they change (self.queued), and the KV usage and the
+        # prefix match are read only by routers that use them.
+        if router.needs_counts_only:
+            queued = self.queued  # (co-located: the pool is every engine, in order)
+            return pool[router.least_queued(queued if len(pool) == len(queued)
+                                            else [queued[i] for i in pool])]
         schedulers = self.schedulers[id(pool)]
         if router.needs_kv:  # quiet runs show their blocks as of now
             for run in self.runs:
                 if run is not None:
                     run.apply(self.env.now)
-        # Each snapshot costs what it reads; a cluster takes one per replica per arrival,
-        # so the KV usage and the prefix match are read only by routers that use them.
-        if router.needs_counts_only:
-            return pool[router.least_queued([len(s.running) + len(s.waiting)
-                                             for s in schedulers])]
         if router.needs_prefix:
             loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage,
                                  len(s.block_manager.cached_prefix(request))
@@ -204,14 +168,34 @@ class _Cluster:
         run = self.runs[index]
         if run is not None:  # its steps up to now are recorded with the queue they had
             run.apply(self.env.now)
-        if not self.engines[index].add(request):
+        engine = self.engines[index]
+        added = engine.add(request)
+        self.queued[index] = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+        if not added:
             return False
         if run is not None:  # the next step admits it: the run ends with the one in progress
             run.cut(self.env.now)
             self.runs[index] = None
-            self.processes[index].interrupt()
+            self._cut(index, run.ends[-1])
         self._wake(index)
         return True
+
+    def _cut(self, index: int, end_s: float) -> None:
+        """Wake engine index, asleep through a quiet run, at end_s instead of at its end.
+
+        Its process moves to a timeout made now; the old one fires with no one waiting, as
+        an interrupted process's would. An interrupt makes the same timeout once delivered,
+        and until then only interrupts of engines cut earlier at this instant come first
+        (requests come from the arrival process alone), so events keep their order. An
+        on_step callback may start processes whose events come in between: with one, the
+        process is interrupted (tests/sim/test_replay_shortcuts.py compares the two)."""
+        if self.on_step is not None:
+            self.processes[index].interrupt()
+            return
+        old = self.run_ends[index]
+        new = self.env.timeout(end_s - self.env.now)
+        new.callbacks, old.callbacks = old.callbacks, []
+        self.run_ends[index] = new
 
     def _wake(self, index: int) -> None:
         """Wake engine index if it sleeps (idle, or waiting for KV to come free)."""
@@ -221,7 +205,8 @@ class _Cluster:
             event.succeed()
 
     def stepping(self, index: int):
-        env, engine = self.env, self.engines[index]
+        env, engine, queued = self.env, self.engines[index], self.queued
+        scheduler = engine.scheduler
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
@@ -233,17 +218,20 @@ class _Cluster:
 
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
-            if run is not None:
+            if run is not None:  # (an arrival that cuts it wakes the engine sooner: _cut)
                 self.runs[index] = run
+                self.run_ends[index] = wake = env.timeout(run.ends[-1] - env.now)
                 try:
-                    yield env.timeout(run.end_s - env.now)
+                    yield wake
                 except simpy.Interrupt:  # cut by an arrival: wait out the step in progress
-                    yield env.timeout(run.end_s - env.now)
-                self.runs[index] = None
+                    yield env.timeout(run.ends[-1] - env.now)
+                self.runs[index] = self.run_ends[index] = None
                 run.finish()
-                now = run.end_s
+                queued[index] = len(scheduler.running) + len(scheduler.waiting)
+                now = run.ends[-1]
                 continue
             finished = yield from engine.step(now, wait)
+            queued[index] = len(scheduler.running) + len(scheduler.waiting)
             if finished is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]

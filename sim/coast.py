@@ -58,8 +58,9 @@ class QuietRun:
                     break
         ends = list(accumulate(durations, initial=start_s))  # (the same sums, one by one)
         del ends[0]
-        last = bisect.bisect_left(ends, until)  # the step in progress at `until`, if any
-        del ends[last + 1:], durations[last + 1:]
+        if until != math.inf:
+            last = bisect.bisect_left(ends, until)  # the step in progress at `until`, if any
+            del ends[last + 1:], durations[last + 1:]
         self.ends, self.durations = ends, durations
         self.n = n
         self.begun = 0  # steps whose start (new blocks) has been applied

@@ -33,12 +33,13 @@ _CACHE, _FINISH = 0, 1  # update events of one row at one step: its block first,
 class _Row:
     """One deferred decode: its length at step s is k + s; it joined at step `start`."""
 
-    __slots__ = ("request", "key", "start", "k", "alive", "shareable")
+    __slots__ = ("request", "key", "start", "k", "alive", "shareable", "table")
 
     def __init__(self, request: Request, key: object, start: int, k: int,
-                 shareable: int) -> None:
+                 shareable: int, table: list[int] | None) -> None:
         self.request, self.key, self.start, self.k, self.alive = request, key, start, k, True
         self.shareable = shareable  # blocks prefix caching may register (block_hashes)
+        self.table = table  # its block table (the block manager's list), KV on demand only
 
 
 def _running_order(row: _Row) -> object:
@@ -48,8 +49,10 @@ def _running_order(row: _Row) -> object:
 class DeferredDecodes:
     """The deferred decode rows of one scheduler, and its other running rows in order."""
 
-    def __init__(self, block_size: int, on_demand: bool, caching: bool, by_priority: bool):
+    def __init__(self, block_size: int, on_demand: bool, caching: bool, by_priority: bool,
+                 block_table: Callable[[str], list[int]]):
         self.block_size = block_size
+        self.block_table = block_table  # a running request's block table (BlockManager's)
         self.on_demand = on_demand  # KV allocated as sequences grow (not reserved up front)
         self.caching = caching
         self.by_priority = by_priority  # running is sorted by priority, then admission
@@ -83,13 +86,18 @@ class DeferredDecodes:
         start = self.step  # (update has moved the step on already)
         k = request.num_tokens - start
         key = self.keys[rid]
-        row = _Row(request, key, start, k, num_shareable_blocks(request, self.block_size))
+        row = _Row(request, key, start, k, num_shareable_blocks(request, self.block_size),
+                   self.block_table(rid) if self.on_demand else None)
         self.rows[rid] = row
         self.k_sum += k
         heapq.heappush(self._k_max, (-k, key, row))
         bs = self.block_size
         if self.on_demand:
-            insort(self._due[(1 - k) % bs], row, key=_running_order)
+            due = self._due[(1 - k) % bs]
+            if not due or due[-1].key < key:  # admitted after every row there (insort's end)
+                due.append(row)
+            else:
+                insort(due, row, key=_running_order)
         # Its computed tokens (length after the step) fill a block; only blocks past those
         # computed so far (k + start - 1 tokens, registered up to `shareable`) can join.
         if self.caching and (k + start - 1) // bs < row.shareable:
@@ -167,6 +175,44 @@ class DeferredDecodes:
             left = True
         if left:
             rows[:] = [row for row in rows if row.alive]
+
+    def allocate_steps(self, skip: int, count: int,
+                       take_blocks: Callable[[int], list[int] | None]) -> list[int] | None:
+        """`allocate` for the `count` steps from this one on, the first `skip` of them
+        already given theirs, with one call to take_blocks (BlockManager.take_blocks: the
+        blocks one allocation at a time would take, in order); how many blocks the steps
+        took up to each one's, or None when the pool ran short (none taken). Only for
+        steps no row event ends before the last of (steps_before_event): until the last
+        one's end no row leaves and no block is freed. A due row needs exactly one block: on
+        demand, its table holds the blocks of its computed tokens and no more."""
+        step, due, bs = self.step, self._due, self.block_size
+        tables: list[list[int]] = []
+        taken = [0] * skip
+        for s in range(step + skip, step + count):
+            rows = due[s % bs]
+            grown = [row.table for row in rows if row.alive]
+            if len(grown) != len(rows):  # rows that left are dropped as they are met
+                rows[:] = [row for row in rows if row.alive]
+            tables += grown
+            taken.append(len(tables))
+        blocks = take_blocks(len(tables))
+        if blocks is None:
+            return None
+        for table, block in zip(tables, blocks, strict=True):
+            table.append(block)
+        return taken
+
+    def steps_before_event(self) -> int:
+        """Steps from this one on whose end changes no row (no block registered, no row
+        finished): they may be applied together (advance)."""
+        events = self._events
+        return events[0][0] - self.step if events else 1 << 62
+
+    def advance(self, ends: list[float]) -> None:
+        """`update` for steps that end at `ends`, fewer than steps_before_event."""
+        self.ends.extend(ends)
+        self.step += len(ends)
+        self.counted = False
 
     def decode_totals(self) -> tuple[int, int, int]:
         """This step's deferred rows: how many, the sum of their lengths, the longest."""

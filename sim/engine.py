@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from sim.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
@@ -43,6 +44,10 @@ _step_record = partial(tuple.__new__, StepRecord)
 # once (a wall clock, whose backend already took the time; a simulator with no arrival
 # inside the step).
 Wait = Callable[[float, float], Any]
+
+# Quiet steps applied together (Engine.quiet_steps) at the least: fewer are applied one at a
+# time, which costs less than gathering their blocks and records when there are few.
+TOGETHER_MIN = 5
 
 @dataclass
 class Engine:
@@ -127,6 +132,13 @@ class Engine:
         and its record."""
         scheduler = self.scheduler
         deferred, bm = scheduler.deferred, scheduler.block_manager
+        if on_step is None:  # up to a step that changes rows at its end (a run's last) at once
+            count = min(last - first, deferred.steps_before_event() + 1)
+            while count >= TOGETHER_MIN:
+                start_s = self._quiet_steps_together(start_s, durations, first, first + count,
+                                                     begun)
+                first += count
+                count = min(last - first, deferred.steps_before_event() + 1)
         allocate, try_allocate = deferred.allocate, bm.try_allocate
         update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.append
         batch_size = decode_seqs = num_tokens = len(deferred.rows)
@@ -149,6 +161,40 @@ class Engine:
             start_s = end_s
             if on_step is not None:
                 on_step(end_s, finished)
+
+    def _quiet_steps_together(self, start_s: float, durations: list[float], first: int,
+                              last: int, begun: int) -> float:
+        """quiet_steps for steps first..last-1, of which only the last may change rows at its
+        end: their blocks in one pass (in the order a step at a time takes them), the last
+        one's row events, then their records; returns when the last ends."""
+        scheduler = self.scheduler
+        deferred, bm = scheduler.deferred, scheduler.block_manager
+        used_before = bm.num_used_blocks
+        taken = deferred.allocate_steps(max(begun - first, 0), last - first, bm.take_blocks)
+        if taken is None:
+            raise RuntimeError("a quiet step found no KV block")
+        batch_size = decode_seqs = num_tokens = len(deferred.rows)
+        prefill_tokens = padding_rows = num_preempted = 0
+        num_waiting, running_before = len(scheduler.waiting), len(scheduler.running)
+        ends = list(accumulate(durations[first:last], initial=start_s))  # (the same sums)
+        starts = ends[:-1]
+        del ends[0]
+        end_s = ends.pop()
+        deferred.advance(ends)
+        finished = deferred.update(end_s, bm.cache_blocks)
+        used = [used_before + n for n in taken]
+        running = [running_before] * len(taken)
+        if finished:
+            scheduler.finish_deferred(finished, end_s)
+            for request in finished:
+                self.backend.free(request)
+            used[-1], running[-1] = bm.num_used_blocks, len(scheduler.running)
+        self.steps.extend(_step_record((
+            start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
+            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
+            for start_s, duration_s, kv_blocks_used, num_running in zip(
+                starts, durations[first:last], used, running, strict=True))
+        return end_s
 
     def begin_quiet_step(self) -> None:
         """Apply the start of a quiet step (sim.coast): the deferred rows' new KV blocks."""

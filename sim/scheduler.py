@@ -70,7 +70,7 @@ class Scheduler:
                 and self.waiting.allows_deferral):
             self._deferred = DeferredDecodes(
                 self.block_manager.block_size, not self.batching.reserves_full, self._caching,
-                self.waiting.sorts_running)
+                self.waiting.sorts_running, self.block_manager.block_table)
         return self.deferring
 
     @property

@@ -21,7 +21,7 @@ def _record_calls(tree: ast.AST) -> list[ast.Call]:
 
 def test_every_step_record_is_built_from_locals_named_as_its_fields():
     calls = _record_calls(ast.parse((ROOT / "sim" / "engine.py").read_text()))
-    assert len(calls) == 2  # Engine.finish_step and Engine.quiet_steps
+    assert len(calls) == 3  # Engine.finish_step, quiet_steps and _quiet_steps_together
     for call in calls:
         (fields,) = call.args
         assert isinstance(fields, ast.Tuple)

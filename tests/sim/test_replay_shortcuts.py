@@ -1,0 +1,127 @@
+"""The replay's shortcuts decide what the plain path decides: quiet steps applied together,
+a cut run's engine woken without an interrupt, least-requests counts kept as queues change.
+
+Each replay runs twice: with no on_step (the shortcuts on) and with an on_step that does
+nothing (quiet steps one at a time, cuts by interrupt), and must give identical token times,
+finishes, step records and block ids (the order the pool would hand out its free blocks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.cluster import ClusterConfig, _Cluster, run_cluster
+from sim.core import Request
+from sim.cost_model import AnalyticCostModel
+from sim.engine import Engine
+from sim.fixed_backend import ConstantBackend
+from sim.router import Router, RouterConfig
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.simulation import run_trace
+from tests.sim.test_coast import STEP_S, grid_workload
+from tests.sim.test_deferred import outcome
+
+
+def _nothing(now: float, finished: list[Request]) -> None:
+    """An on_step: its presence alone turns the shortcuts off."""
+
+
+def _replay(backend, config: SchedulerConfig, requests: list[Request],
+            cluster: ClusterConfig | None, shortcuts: bool) -> tuple:
+    engines = [Engine(Scheduler(config), backend)
+               for _ in range(cluster.num_engines if cluster else 1)]
+    on_step = None if shortcuts else _nothing
+    if cluster:
+        run_cluster(requests, engines, cluster, on_step=on_step)
+    else:
+        run_trace(requests, engines[0], on_step=on_step)
+    pools = [e.scheduler.block_manager for e in engines]
+    return outcome(requests, engines), [bm.take_blocks(bm.num_free_blocks) for bm in pools]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How often each shortcut ran."""
+    counts = {"together": 0, "cuts": 0}
+    together, cut = Engine._quiet_steps_together, _Cluster._cut
+
+    def counting_together(self, *args):
+        counts["together"] += 1
+        return together(self, *args)
+
+    def counting_cut(self, index, end_s):
+        counts["cuts"] += self.on_step is None
+        cut(self, index, end_s)
+
+    monkeypatch.setattr(Engine, "_quiet_steps_together", counting_together)
+    monkeypatch.setattr(_Cluster, "_cut", counting_cut)
+    return counts
+
+
+@pytest.mark.parametrize("config", [
+    SchedulerConfig(policy="chunked", token_budget=64, max_num_seqs=8, num_blocks=400),
+    SchedulerConfig(policy="chunked", num_blocks=120, enable_prefix_caching=True),  # evicts
+    SchedulerConfig(policy="continuous", num_blocks=400, queue="priority"),
+], ids=["chunked", "caching, small pool", "continuous, priority"])
+def test_quiet_steps_applied_together_take_the_blocks_one_at_a_time_would(config, calls):
+    backend = ConstantBackend(step_s=STEP_S)
+
+    def requests() -> list[Request]:
+        return [Request(r.request_id, r.arrival_s, r.prompt_len, r.max_new_tokens,
+                        priority=r.priority, prefix_hash_ids=(i % 3, 100 + i))
+                for i, r in enumerate(grid_workload(300, 3, 16))]
+
+    together = _replay(backend, config, requests(), None, True)
+    assert calls["together"] > 50
+    assert together == _replay(backend, config, requests(), None, False)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
+def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, calls):
+    backend = ConstantBackend(step_s=STEP_S)
+    config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
+                             num_blocks=40)  # preempts
+    cluster = ClusterConfig(num_replicas=3, router=RouterConfig(router))
+    moved = _replay(backend, config, grid_workload(400, 2, 6), cluster, True)
+    assert calls["cuts"] > 50
+    assert moved == _replay(backend, config, grid_workload(400, 2, 6), cluster, False)
+
+
+@pytest.mark.parametrize("cluster", [
+    ClusterConfig(num_replicas=4, router=RouterConfig("least-requests")),
+    ClusterConfig(router=RouterConfig("least-requests"), num_prefill=1, num_decode=3,
+                  kv_link_gbps=10.0, kv_bytes_per_token=131072),
+], ids=["co-located", "P/D"])
+def test_least_requests_reads_the_counts_a_recount_gives(cluster, monkeypatch):
+    """At every arrival, the counts the router reads equal each engine's running + waiting."""
+    backend = AnalyticCostModel.preset("llama-3-8b", "h100")
+    config = SchedulerConfig(policy="chunked", num_blocks=150)  # preempts
+    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
+    schedulers = [e.scheduler for e in engines]
+    least_queued, seen = Router.least_queued, []
+
+    def checked(self, queued):
+        pool = (schedulers if len(queued) == len(schedulers) else
+                schedulers[:cluster.num_prefill] if self is routers[0] else
+                schedulers[cluster.num_prefill:])
+        assert list(queued) == [len(s.running) + len(s.waiting) for s in pool]
+        seen.append(sum(queued))
+        return least_queued(self, queued)
+
+    routers: list[Router] = []
+    init = _Cluster.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        routers.extend([self.router, self.decode_router])
+
+    monkeypatch.setattr(_Cluster, "__init__", recording_init)
+    monkeypatch.setattr(Router, "least_queued", checked)
+    rng = np.random.default_rng(4)
+    arrivals = np.cumsum(rng.exponential(1 / 40, 300))
+    requests = [Request(f"r{i}", float(t), int(rng.integers(20, 900)),
+                        int(rng.integers(1, 150))) for i, t in enumerate(arrivals)]
+    run_cluster(requests, engines, cluster)
+    assert len(seen) >= 300 and max(seen) > 2 * len(engines)  # queues built up
+    assert sum(s.num_preemptions for s in schedulers) > 0
