@@ -1,13 +1,15 @@
-"""`sweep`, `plan` and `validate` take a session spec closed-loop by default, as `simulate`
-does, and replay its written arrival times with --open-loop."""
+"""`sweep`, `plan`, `run` and `validate` take a session spec closed-loop by default, as
+`simulate` does, and replay its written arrival times with --open-loop."""
 
 from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from servelab.cli import main
+from tests.cli.test_model_cli import MODEL
 
 CHAT = ("synthetic:users=8,rate=4,turns=fixed(3),think=fixed(0.5),question=fixed(200),"
         "output=fixed(60)")
@@ -50,3 +52,16 @@ def test_validate_url_refuses_open_loop(tmp_path, capsys):
                  "--trace", CHAT, "--open-loop"])
     err = capsys.readouterr().err
     assert code == 2 and "--open-loop: not with --url" in err
+
+
+def test_run_sends_each_turn_after_the_previous_measured_answer(tmp_path, capsys):
+    spec = ("synthetic:users=2,rate=4,turns=fixed(3),think=fixed(0.25),question=fixed(12),"
+            "output=fixed(4)")
+    out = tmp_path / "run"
+    assert main(["run", "--trace", spec, "--policy", "continuous", *MODEL,
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    rows = pd.read_csv(out / "requests_continuous.csv").set_index("request_id")
+    for session in ("s0", "s1"):
+        for k in (1, 2):
+            before, after = rows.loc[f"{session}-t{k - 1}"], rows.loc[f"{session}-t{k}"]
+            assert after["arrival_s"] == pytest.approx(before["finish_s"] + 0.25, abs=1e-9)
