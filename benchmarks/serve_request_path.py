@@ -119,7 +119,16 @@ def instrument_server(stamps: Stamps, engine: EngineThread) -> None:
             if op[0] == "add":
                 stamps.put(op[1].request.request_id, "applied", now)
 
-    post, put_all = engine_thread.post_events, handoff._put_all
+    completions.start_generation = start_generation
+    completions.build_request = build_request
+    engine._apply = applied
+    instrument_handoff(stamps, engine)
+
+
+def instrument_handoff(stamps: Stamps, engine: EngineThread) -> None:
+    """Wrap the engine thread's hand-off of tokens to the event loop: stamp a request's
+    first token when it is posted and when the loop runs the post."""
+    post, put_all, submit = engine_thread.post_events, handoff._put_all, engine.submit
     sinks: dict[int, str] = {}  # id(sink) -> request id, for requests without a token yet
 
     def post_events(events):
@@ -141,15 +150,10 @@ def instrument_server(stamps: Stamps, engine: EngineThread) -> None:
                 stamps.put(rid, "loop", now)
         put_all(items)
 
-    submit = engine.submit
-
     def submitted(request, sink, tenant=None):
         sinks[id(sink)] = request.request_id
         submit(request, sink, tenant)
 
-    completions.start_generation = start_generation
-    completions.build_request = build_request
-    engine._apply = applied
     engine.submit = submitted
     engine_thread.post_events = post_events
     handoff._put_all = put_all_stamped
