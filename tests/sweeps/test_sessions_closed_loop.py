@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.cluster import ClusterConfig
 from sim.fixed_backend import ConstantBackend
 from sim.policy_runs import simulate_policy
 from sweeps.grid import CapacitySlo, SweepContext, SweepPoint, run_point
@@ -41,14 +42,17 @@ def test_sweep_sends_the_next_turn_after_the_previous_answer(open_loop):
     assert later == pytest.approx(0.0 if open_loop else 16 * STEP_S)
 
 
-def test_a_capacity_probe_does_not_judge_a_turn_still_waiting_for_its_answer():
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_capacity_probe_does_not_judge_a_turn_still_waiting_for_its_answer(replicas):
     # Each session's turns are all written at its start (no think time), but each is sent
     # only after the previous one's 30 steps: measured from the written times the later
     # turns would wait far past the 100 ms target, though every TTFT is one or two steps.
     spec = ("synthetic:users=20,rate=50,turns=fixed(4),think=fixed(0),question=fixed(32),"
             "output=fixed(30)")
     slo = CapacitySlo(ttft_p99_ms=100, itl_p99_ms=100)
-    context = SweepContext(open_trace(spec), ConstantBackend(step_s=STEP_S), num_blocks=4096)
+    cluster = ClusterConfig(num_replicas=replicas) if replicas > 1 else None
+    context = SweepContext(open_trace(spec), ConstantBackend(step_s=STEP_S), num_blocks=4096,
+                           cluster=cluster)
     watched = run_point(context, SweepPoint("continuous", 1.0, verdict=slo))
     full = run_point(context, SweepPoint("continuous", 1.0))
     assert watched["stopped_s"] is None and slo.met(full)
