@@ -18,6 +18,7 @@ import numpy as np
 
 from calibration.gpu_profiles import (
     OpSample,
+    lss_mixed_attention,
     lss_samples,
     vidur_allreduce,
     vidur_attention,
@@ -31,6 +32,8 @@ GEMM_TOKENS = tuple(2**i for i in range(16))
 EFF_CAP = 1.2  # a measured kernel may beat a rounded datasheet figure, not by more
 PERCENTILES = (50, 60, 70, 80, 85, 90, 95, 98, 100)  # candidate efficiencies per row bin
 GEMM_LATENCIES_S = (0.0, 2e-6, 4e-6, 6e-6, 8e-6)  # candidate fixed time of one GEMM kernel
+# Mixed-batch attention table: KV tokens per decode row (below 256 the shots are floor-bound).
+MIXED_KV_PER_ROW = tuple(2**i for i in range(8, 15))
 
 
 def _fit_gemm_bin(flops_s: np.ndarray, bytes_s: np.ndarray, seconds: np.ndarray,
@@ -116,6 +119,21 @@ def fit_attention(samples: list[OpSample], gpu: str) -> tuple[dict, dict]:
              "eff_memory": round(min(EFF_CAP, 1 / (rate_d * peaks.mem_bandwidth_bytes_s)), 4)})
 
 
+def fit_mixed_attention(shots: list[tuple[str, int, int, float]]) -> dict:
+    """The extra-read fraction of decode rows sharing a kernel with a prefill chunk, by decode
+    rows and KV tokens per row: the median over every profiled chunk, model and TP."""
+    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for _, rows, kv, extra in shots:
+        if kv in MIXED_KV_PER_ROW:
+            cells[rows, kv].append(extra)
+    rows = sorted({r for r, _ in cells})
+    return {"_what": "decode rows in a mixed prefill+decode kernel read KV once per query "
+                     "head: cost x (1 + (q heads per KV head - 1) x extra[rows][kv per row])",
+            "decode_rows": rows, "kv_per_row": list(MIXED_KV_PER_ROW),
+            "extra": [[round(float(np.median(cells[r, kv])), 3) for kv in MIXED_KV_PER_ROW]
+                      for r in rows]}
+
+
 def fit_sampler(samples: list[OpSample]) -> dict:
     floor_s, rate = _floor_plus_rate(np.array([float(s.tokens) for s in samples]),
                                      np.array([s.seconds for s in samples]))
@@ -158,7 +176,8 @@ def fit_moe(samples: list[OpSample], gemm: dict, gpu: str) -> dict:
             "eff": round(eff, 4), "compute_scale": round(scale, 4)}
 
 
-def fit_gpu(gpu: str, samples: list[OpSample]) -> dict:
+def fit_gpu(gpu: str, samples: list[OpSample],
+            mixed: list[tuple[str, int, int, float]] = ()) -> dict:
     """Every term one GPU's samples can set; the missing ones come from 'generic'."""
     by_kind: dict[str, list[OpSample]] = defaultdict(list)
     for s in samples:
@@ -171,6 +190,8 @@ def fit_gpu(gpu: str, samples: list[OpSample]) -> dict:
     entry["small_op"] = fit_small(by_kind["small"], gpu)
     if by_kind["attn_prefill"] and by_kind["attn_decode"]:
         entry["attn_prefill"], entry["attn_decode"] = fit_attention(samples, gpu)
+    if mixed:
+        entry["attn_mixed"] = fit_mixed_attention(mixed)
     if by_kind["sampler"]:
         entry["sampler"] = fit_sampler(by_kind["sampler"])
     if gpu in ("a100-80gb", "h100"):
@@ -198,6 +219,9 @@ def generic_entry(entries: dict[str, dict]) -> dict:
         sample = next(e[section] for e in entries.values() if section in e)
         out[section] = {k: (v if k == "_what" else median_of(section, k))
                         for k, v in sample.items()}
+    mixed = [e["attn_mixed"] for e in entries.values() if "attn_mixed" in e]
+    out["attn_mixed"] = {**mixed[0], "extra": np.median([m["extra"] for m in mixed], axis=0)
+                         .round(3).tolist()}
     by_gpus: dict[str, list[float]] = {}
     for gpu in ("a100-80gb", "h100"):
         link = known_gpu(gpu).interconnect_bytes_s
@@ -215,7 +239,9 @@ def fit_all() -> dict:
     """The whole JSON: fitted GPUs, generic terms, and the engines' overhead terms."""
     samples = vidur_samples() + vidur_attention() + lss_samples()
     gpus = sorted({s.gpu for s in samples})
-    entries = {g: fit_gpu(g, [s for s in samples if s.gpu == g]) for g in gpus}
+    mixed = lss_mixed_attention()
+    entries = {g: fit_gpu(g, [s for s in samples if s.gpu == g], [m for m in mixed if m[0] == g])
+               for g in gpus}
     data = {"_about": "GPU cost model terms fitted on operator profiles by "
                       "calibration/gpu_fit.py; each section's _what names the term",
             "gpus": entries, "generic": generic_entry(entries)}

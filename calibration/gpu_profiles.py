@@ -182,3 +182,30 @@ def _lss_per_sequence(gpu: str, s: LayerShapes, tp: int, frame: pd.DataFrame,
         elif r.layer == "sampler":
             out.append(OpSample(gpu, "sampler", n, seconds=seconds, source=source))
     return out
+
+
+def lss_mixed_attention(root: Path = DATA_DIR) -> list[tuple[str, int, int, float]]:
+    """(gpu, decode rows, KV tokens per row, extra reads) of every mixed attention shot.
+
+    A mixed shot runs a prefill chunk and n decode rows in one varlen kernel. Its decode part
+    (the shot less the same chunk alone) over the same rows in a decode-only kernel is
+    1 + (g - 1) x extra, g the query heads per KV head on one GPU: the varlen kernel reads a
+    decode row's KV once per query head, not once per KV head, and `extra` is the fraction
+    of those repeated reads that cost bandwidth (the rest hit in cache)."""
+    out = []
+    for gpu, s, tp, folder in lss_profile_dirs(root):
+        group = (s.num_heads // tp) / max(1, s.num_kv_heads // tp)
+        if group <= 1:
+            continue
+        frame = pd.read_csv(folder / "attention.csv")
+        alone = frame[frame.n_decode == 0].set_index(["prefill_chunk", "kv_prefill"]).time_us
+        decode = frame[frame.prefill_chunk == 0].set_index(["n_decode", "kv_decode"]).time_us
+        mixed = frame[(frame.prefill_chunk > 0) & (frame.n_decode > 0)]
+        for r in mixed.itertuples(index=False):
+            chunk = alone.get((r.prefill_chunk, r.kv_prefill))
+            rows = decode.get((r.n_decode, r.kv_decode))
+            if chunk is None or rows is None or rows <= 0:
+                continue
+            extra = ((r.time_us - chunk) / rows - 1.0) / (group - 1.0)
+            out.append((gpu, int(r.n_decode), int(r.kv_decode), float(extra)))
+    return out

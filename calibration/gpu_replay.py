@@ -71,20 +71,21 @@ def load_runs(root: Path = RUNS_DIR) -> list[VllmRun]:
     return [load_run(folder) for folder in sorted(root.glob("*/*")) if folder.is_dir()]
 
 
-def run_deployment(run: VllmRun) -> Deployment:
+def run_deployment(run: VllmRun, gpu_file: Path | None = None) -> Deployment:
     """The run's deployment as servelab resolves vLLM's arguments: the model's shipped config,
-    the GPU file, vLLM's KV pool rule (the pool vLLM reported, where meta.json has it)."""
+    the GPU file (`gpu_file` in place of the shipped one), vLLM's KV pool rule (the pool vLLM
+    reported, where meta.json has it)."""
     kw = run.engine_kwargs
     return build_deployment(DeploymentOptions(
-        model=kw["model"], hardware=run.gpu, dtype=kw["dtype"],
+        model=kw["model"], hardware=str(gpu_file or run.gpu), dtype=kw["dtype"],
         tensor_parallel=kw["tensor_parallel_size"], data_parallel=kw.get("data_parallel_size", 1),
         expert_parallel=bool(kw.get("enable_expert_parallel")), num_blocks=run.num_gpu_blocks))
 
 
-def replay(run: VllmRun) -> dict:
+def replay(run: VllmRun, gpu_file: Path | None = None) -> dict:
     """Simulate `run` with its engine arguments; the summary dict of the whole run."""
     kw = run.engine_kwargs
-    deployment = run_deployment(run)
+    deployment = run_deployment(run, gpu_file)
     model, dp = deployment.cost_model, deployment.parallel.data_parallel
     if not isinstance(model, GpuCostModel):
         raise ValueError(f"{run.name}: expected the fitted GPU model, got {type(model).__name__}")

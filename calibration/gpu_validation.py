@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -60,11 +61,12 @@ def splitwise_table(errors: list[StepError]) -> list[dict]:
     return rows
 
 
-def run_table() -> list[dict]:
-    """Per run and metric: vLLM's value, ours, our error, LLMServingSim's error."""
+def run_table(gpu_files: dict[str, Path] | None = None) -> list[dict]:
+    """Per run and metric: vLLM's value, ours, our error, LLMServingSim's error. `gpu_files`:
+    GPU files by preset name, in place of the shipped ones (measured all-reduces, say)."""
     rows = []
     for run in load_runs():
-        ours = replay(run)
+        ours = replay(run, (gpu_files or {}).get(run.gpu))
         for key in METRICS.values():
             measured = run.vllm[key]
             rows.append({"run": run.name, "metric": key, "vllm": measured, "ours": ours[key],

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from reporting.sections import DEPLOYMENT, Section
+from reporting.sections import DEPLOYMENT, Section, default_deployment
 from reporting.sweep_charts import latency_vs_load as draw
-from sim.cost_model import AnalyticCostModel
 from sim.scheduler import POLICIES
 from sweeps.grid import (
     DEFAULT_QPS_SCALES,
@@ -32,8 +31,7 @@ RANGE = (0.25, 16.0)
 
 def latency_vs_load(out: Path, workers: int | None, trace: Trace | None = None,
                     rates: tuple[float, ...] = RATES) -> Section:
-    backend = AnalyticCostModel.preset()
-    default_pool = backend.kv_pool_blocks(16)
+    backend, default_pool = default_deployment()
     trace = trace if trace is not None else load_bundled("azure-conv")
     context = SweepContext(trace, backend, default_pool)
     with LocalRunner(context, workers or os.cpu_count()) as runner:

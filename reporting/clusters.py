@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from reporting import cluster_charts
-from reporting.sections import Section
+from reporting.sections import Section, default_deployment
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.core import Backend
-from sim.cost_model import AnalyticCostModel
+from sim.deployment import DeploymentOptions, build_deployment
 from sim.metrics import summarize
 from sim.policy_runs import run_deployment
 from sim.router import ROUTERS, RouterConfig
@@ -72,8 +72,8 @@ def clusters(out: Path, workers: int | None = None, conv: Trace | None = None,
     against co-located replicas on PD_GPUS engines (conv at several rates)."""
     if COMPARE_REPLICAS not in replicas:
         raise ValueError(f"clusters: replicas {replicas} must include {COMPARE_REPLICAS}")
-    backend = AnalyticCostModel.preset()
-    num_blocks = backend.kv_pool_blocks(BLOCK_SIZE)
+    backend, num_blocks = default_deployment()
+    kv_bytes = build_deployment(DeploymentOptions()).kv_pool.block_bytes // BLOCK_SIZE
     traces = {"conv": conv if conv is not None else load_bundled("azure-conv"),
               "mooncake": mooncake if mooncake is not None else load_bundled(
                   "mooncake-synthetic")}
@@ -83,7 +83,7 @@ def clusters(out: Path, workers: int | None = None, conv: Trace | None = None,
     scales = {"conv": CONV_QPS_SCALE, "mooncake": 1.0}
     grid = {(t, r, n): Point(t, scales[t], replicas_cluster(n, r))
             for t in traces for r in ROUTERS for n in replicas}
-    deployments = pd_clusters(backend.model.kv_bytes_per_token(backend.dtype_bytes))
+    deployments = pd_clusters(kv_bytes)
     pd = {(label, x): Point("conv", x, c) for label, c in deployments.items() for x in pd_scales}
     done = run_points({*grid.values(), *pd.values()}, traces, configs, backend, workers)
     data = {"replicas": list(replicas), "routers": list(ROUTERS), "num_blocks": num_blocks,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reporting import report_charts
-from reporting.sections import DEPLOYMENT, Section
-from sim.cost_model import AnalyticCostModel
+from reporting.sections import DEPLOYMENT, Section, default_deployment
 from sim.policy_runs import simulate_policies
 from sim.scheduler import SchedulerConfig
 from workloads import Trace, load_bundled
@@ -42,8 +41,7 @@ def prefix_caching(out: Path, workers: int | None = None, trace: Trace | None = 
                    pools: tuple[int, ...] = POOLS) -> Section:
     """Hit rate against KV pool size, and caching on/off at the deployment's pool and at the
     largest, all at the trace's own arrival rate."""
-    backend = AnalyticCostModel.preset()
-    default_pool = backend.kv_pool_blocks(BLOCK_SIZE)
+    backend, default_pool = default_deployment()
     trace = trace if trace is not None else load_bundled("mooncake-synthetic")
     ceiling = prefix_reuse_ceiling(trace, BLOCK_SIZE)
     sizes = sorted({*pools, default_pool})

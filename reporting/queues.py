@@ -16,7 +16,8 @@ import numpy as np
 
 from reporting import queue_charts as show
 from reporting.queue_charts import NO_CACHE, SWAP, WITH_CACHE, priority_label, sjf_label
-from reporting.sections import DEPLOYMENT, Section
+from reporting.sections import DEPLOYMENT, Section, default_deployment
+from sim.core import Backend
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
 from sim.metrics import summarize
@@ -30,12 +31,12 @@ from workloads.transforms import head, scale_qps
 POLICY = "chunked"
 BLOCK_SIZE = SchedulerConfig().block_size
 MODEL = "llama-3-8b"
-# Experiments 1-2: one A100 with at most 32 running requests serves about 17 req/s of these
+# Experiments 1-2: one A100 with at most 32 running requests serves about 15.5 req/s of these
 # ~600-token requests, so 20 req/s overloads it from the start and a run costs ~1 s of CPU.
 SMALL_HARDWARE, SMALL_MAX_SEQS = "a100-80gb", 32
 SMALL_DEPLOYMENT = "Llama-3-8B bf16 on one A100-80GB, at most 32 running requests (simulated)"
 AGINGS_S = (DEFAULT_QUEUE_AGING_S, 20.0)  # the default bound, one the backlog outgrows
-SJF_QPS_SCALE = 5.5  # x azure-conv's 5.5 req/s: ~30 req/s against the ~22 one H100 serves
+SJF_QPS_SCALE = 5.5  # x azure-conv's 5.5 req/s: ~30 req/s against the ~14 one H100 serves
 SJF_NOISES = (0.0, 0.5, 1.5)  # log-space std of the output-length guess (0: an oracle)
 SWAP_HARDWARE = ("a100-80gb", "h100")  # PCIe 32 and 64 GB/s per direction
 SWAP_OUTPUT = 512  # tokens; with the longest prompt, 7,680 + 512 = Llama-3-8B's 8,192
@@ -67,7 +68,7 @@ class Job(NamedTuple):
 
     trace: Trace
     config: SchedulerConfig
-    backend: AnalyticCostModel
+    backend: Backend
 
 
 def tenant_spec(flood_requests: int) -> str:
@@ -119,7 +120,7 @@ def queue_orders(out: Path, workers: int | None = None, plan: QueuePlan | None =
     """Fair and priority queues against FCFS under overload, SJF against FCFS under
     continuous and chunked batching, and swap against recompute as prompts grow."""
     plan = plan or QueuePlan()
-    small = AnalyticCostModel.preset(MODEL, SMALL_HARDWARE)
+    small = default_deployment(SMALL_HARDWARE)[0]
     sjf = scale_qps(head(load_bundled("azure-conv"), plan.sjf_requests), SJF_QPS_SCALE)
     jobs = {**_sjf_jobs(sjf), **_swap_jobs(plan), **_tenant_jobs(plan, small),
             **_priority_jobs(plan, small)}  # the longest runs first: the pool ends sooner
@@ -136,17 +137,17 @@ def queue_orders(out: Path, workers: int | None = None, plan: QueuePlan | None =
 
 
 def _small_config(**settings) -> SchedulerConfig:
-    blocks = AnalyticCostModel.preset(MODEL, SMALL_HARDWARE).kv_pool_blocks(BLOCK_SIZE)
+    blocks = default_deployment(SMALL_HARDWARE)[1]
     return SchedulerConfig(POLICY, blocks, max_num_seqs=SMALL_MAX_SEQS, **settings)
 
 
-def _tenant_jobs(plan: QueuePlan, backend: AnalyticCostModel) -> dict[tuple, Job]:
+def _tenant_jobs(plan: QueuePlan, backend: Backend) -> dict[tuple, Job]:
     trace = open_trace(tenant_spec(plan.flood_requests))
     return {("tenants", q): Job(trace, _small_config(queue=q), backend)
             for q in ("fcfs", "fair")}
 
 
-def _priority_jobs(plan: QueuePlan, backend: AnalyticCostModel) -> dict[tuple, Job]:
+def _priority_jobs(plan: QueuePlan, backend: Backend) -> dict[tuple, Job]:
     trace = open_trace(priority_spec(plan.priority_requests))
     configs = {"fcfs": _small_config()}
     configs.update({priority_label(a): _small_config(queue="priority", queue_aging_s=a)
@@ -155,8 +156,7 @@ def _priority_jobs(plan: QueuePlan, backend: AnalyticCostModel) -> dict[tuple, J
 
 
 def _sjf_jobs(trace: Trace) -> dict[tuple, Job]:
-    backend = AnalyticCostModel.preset()  # the default deployment: one H100
-    blocks = backend.kv_pool_blocks(BLOCK_SIZE)
+    backend, blocks = default_deployment()  # one H100
     jobs = {}
     for policy in ("continuous", "chunked"):
         jobs["sjf", policy, "fcfs"] = Job(trace, SchedulerConfig(policy, blocks), backend)
@@ -169,11 +169,12 @@ def _sjf_jobs(trace: Trace) -> dict[tuple, Job]:
 def _swap_jobs(plan: QueuePlan) -> dict[tuple, Job]:
     jobs = {}
     for hardware in SWAP_HARDWARE:
-        backend = AnalyticCostModel.preset(MODEL, hardware)
+        backend = default_deployment(hardware)[0]
+        sizing = AnalyticCostModel.preset(MODEL, hardware)
         for prompt in plan.swap_prompts:
             trace = open_trace(swap_spec(plan.swap_requests, prompt))
             for label, (mode, caching) in PREEMPTIONS.items():
-                host = swap_space_blocks(backend) if mode == "swap" else 0
+                host = swap_space_blocks(sizing) if mode == "swap" else 0
                 config = SchedulerConfig(POLICY, swap_pool_blocks(prompt), preemption=mode,
                                          enable_prefix_caching=caching, swap_space_blocks=host)
                 jobs["swap", hardware, str(prompt), label] = Job(trace, config, backend)

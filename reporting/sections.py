@@ -1,6 +1,7 @@
 """The sections of `servelab report`: each runs its experiment, draws its chart and states
 its finding in one line. Simulated sections use the default deployment (Llama-3-8B, bf16,
-one H100); measured ones run the peer-45m model on this machine's CPU.
+one H100, priced by the fitted GPU model with vLLM's KV pool, as the CLI resolves it);
+measured ones run the peer-45m model on this machine's CPU.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from reporting import report_charts
-from sim.core import Request
-from sim.cost_model import AnalyticCostModel
+from sim.core import Backend, Request
+from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine import Engine
 from sim.metrics import summarize
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -21,7 +22,7 @@ from sim.workload import requests_from_trace
 from workloads import load_bundled
 from workloads.transforms import head, scale_lengths, scale_qps
 
-DEPLOYMENT = "Llama-3-8B bf16 on one H100 (simulated)"
+DEPLOYMENT = "Llama-3-8B bf16 on one H100 (simulated, fitted GPU model)"
 
 
 @dataclass
@@ -33,13 +34,15 @@ class Section:
     data: dict = field(default_factory=dict)  # numbers for the summary JSON
 
 
-def _default_backend() -> tuple[AnalyticCostModel, int]:
-    backend = AnalyticCostModel.preset()
-    return backend, backend.kv_pool_blocks(16)
+def default_deployment(hardware: str = "h100") -> tuple[Backend, int]:
+    """Llama-3-8B on one `hardware` GPU as the CLI resolves its defaults: the fitted GPU
+    cost model and vLLM's KV pool in blocks of 16."""
+    deployment = build_deployment(DeploymentOptions(hardware=hardware))
+    return deployment.cost_model, deployment.kv_pool.num_blocks
 
 
 def _simulate(requests: list[Request], config: SchedulerConfig,
-              backend: AnalyticCostModel) -> RunResult:
+              backend: Backend) -> RunResult:
     return run_trace(requests, Engine(Scheduler(config), backend))
 
 
@@ -137,7 +140,7 @@ def _num(value: float | None) -> str:
 # ---- 2: the inter-token spike of a long prefill --------------------------------------------
 
 def itl_spike(out: Path, decoders: int = 16, long_prompt: int = 7000) -> Section:
-    backend, num_blocks = _default_backend()
+    backend, num_blocks = default_deployment()
 
     def workload() -> list[Request]:
         requests = [Request(f"decode-{i}", 0.01 * i, 256, 500) for i in range(decoders)]
@@ -172,7 +175,7 @@ def itl_spike(out: Path, decoders: int = 16, long_prompt: int = 7000) -> Section
 
 def starvation(out: Path, requests: int = 1000, qps_scale: float = 2.0,
                small_blocks: int = 600) -> Section:
-    backend, num_blocks = _default_backend()
+    backend, num_blocks = default_deployment()
     trace = scale_qps(head(load_bundled("azure-conv"), requests), qps_scale)
     pools = {"undersized": small_blocks, "default": num_blocks}
     runs: dict[str, dict[str, RunResult]] = {}

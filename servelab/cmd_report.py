@@ -1,9 +1,10 @@
 """`servelab report`: regenerate the committed report (charts and a markdown page) from
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
-KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, and
-against vLLM from the committed run of benchmarks/server_fidelity.py), prefix caching,
-clusters (replicas per router, and prefill/decode disaggregation), and queue orders with
-preemption by swap.
+KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, the
+fitted GPU model against GPU measurements, and against vLLM from the committed run of
+benchmarks/server_fidelity.py), prefix caching, conversations (multi-turn chat against
+single-turn, and routers across replicas), clusters (replicas per router, and
+prefill/decode disaggregation), and queue orders with preemption by swap.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 from reporting import sections
 from reporting.capacity import latency_vs_load
 from reporting.clusters import clusters
+from reporting.gpu_fidelity import gpu_fidelity_section
 from reporting.prefix_caching import prefix_caching
 from reporting.queues import queue_orders
 from reporting.report import machine, write_markdown
 from reporting.server_fidelity import server_fidelity
+from reporting.sessions import sessions_section
 from servelab.sim_args import write_json_atomic
 from sim.scheduler import POLICIES
 
@@ -61,11 +64,15 @@ def _run(args: argparse.Namespace) -> int:
     done.append(latency_vs_load(figures, args.workers))
     if not args.skip_measured:
         done.append(sections.fidelity(results, runs, workload, figures))
+    log("the fitted GPU model against GPU measurements")
+    done.append(gpu_fidelity_section(figures))
     vllm = args.out / "fidelity" / "vllm-server"
     if (vllm / "calibration.json").exists():  # benchmarks/server_fidelity.py's committed run
         done.append(server_fidelity(vllm, figures))
     log("prefix caching against KV pool size")
     done.append(prefix_caching(figures, args.workers))
+    log("conversations: sessions, prefix caching and routing")
+    done.append(sessions_section(figures))
     log("clusters: replicas per router, and P/D against co-located replicas")
     done.append(clusters(figures, args.workers))
     log("queue orders and preemption by swap")

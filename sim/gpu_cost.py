@@ -86,9 +86,13 @@ class GpuCostModel:
         s, tp, t = shapes, tensor_parallel, self.terms
         self._q_dim = s.num_heads // tp * s.head_dim
         kv_heads = max(1, s.num_kv_heads // tp)  # replicated beyond num_kv_heads GPUs
+        self._group = (s.num_heads // tp) / kv_heads  # query heads reading each KV head
         self._kv_bytes_layer = 2 * kv_heads * s.head_dim * dtype_bytes  # K+V of one token
         layers = s.num_layers
         self._layers = layers
+        # KV swapped to or from host memory (--preemption swap), copied before the forward;
+        # each GPU moves its own heads' share over its own link.
+        self._swap_s_per_token = layers * self._kv_bytes_layer / peaks.host_link_bytes_s
         self._kernel_s = engine.per_kernel_s
         # Attention, per unit on one GPU in one layer.
         self._s_per_prefill_pair = 4.0 * self._q_dim / (peaks.peak_flops
@@ -114,11 +118,13 @@ class GpuCostModel:
         return self.tensor_parallel
 
     def predict(self, plan: BatchPlan) -> float:
-        """Seconds one engine step of `plan` takes; 0 for a plan that computes nothing."""
+        """Seconds one engine step of `plan` takes; 0 for a plan that computes and copies
+        nothing."""
         decode_seqs = plan.decode_seqs
         tokens = plan.prefill_tokens + decode_seqs
+        swap_s = self._swap_s_per_token * plan.swap_tokens if plan.swap_tokens else 0.0
         if not tokens:
-            return 0.0
+            return swap_s
         per_tokens = self._token_cache.get(tokens)
         if per_tokens is None:
             per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
@@ -131,11 +137,16 @@ class GpuCostModel:
             layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
             host += self._kernel_s
         if decode_seqs:
-            layer += self._decode_floor_s + self._s_per_decode_kv * plan.decode_context
+            kv_s = self._s_per_decode_kv * plan.decode_context
+            if plan.prefill_tokens:  # one varlen kernel: decode rows lose their GQA sharing
+                kv_s *= self.terms.mixed_decode_factor(
+                    decode_seqs, plan.decode_context / decode_seqs, self._group)
+            layer += self._decode_floor_s + kv_s
             host += self._kernel_s
         # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
         # the slower of the two sets the layer's time.
         gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
+        gpu_s += swap_s
         if self._overlapped:  # the host's step work runs beside the GPU's
             return gpu_s if gpu_s > per_rows[1] else per_rows[1]
         return gpu_s + per_rows[1]

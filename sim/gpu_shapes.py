@@ -70,15 +70,19 @@ class GpuPeaks:
     peak_flops: float  # dense bf16 tensor FLOP/s (fp32 accumulate), no sparsity
     mem_bandwidth_bytes_s: float
     interconnect_bytes_s: float  # GPU-to-GPU, one direction (NVLink, else PCIe)
+    host_link_bytes_s: float  # GPU to host memory, one direction (KV swapped out and in)
+    # Measured all-reduces from the GPU file: (GPUs, latency_s, bus bytes/s); () for none.
+    allreduce: tuple[tuple[int, float, float], ...] = ()
 
     @classmethod
     def from_hardware_spec(cls, spec: HardwareSpec) -> GpuPeaks:
         """The peaks of a servelab HardwareSpec (a GPU data file)."""
         return cls(spec.name, spec.peak_flops, spec.mem_bandwidth_bytes_s,
-                   spec.interconnect_bytes_s)
+                   spec.interconnect_bytes_s, spec.host_link_bytes_s, spec.allreduce)
 
     def __post_init__(self) -> None:
-        for key in ("peak_flops", "mem_bandwidth_bytes_s", "interconnect_bytes_s"):
+        for key in ("peak_flops", "mem_bandwidth_bytes_s", "interconnect_bytes_s",
+                    "host_link_bytes_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"GPU {self.name}: {key} must be > 0")
 

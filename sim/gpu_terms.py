@@ -41,6 +41,26 @@ class GpuTerms:
     borrowed: tuple[str, ...] = ()
     gemm_latency_s: float = 0.0  # fixed time of one GEMM kernel (launch, tail wave)
     moe_compute_scale: float = 1.0  # fused-MoE FLOP/s as a fraction of a dense GEMM's
+    # Decode rows sharing a varlen kernel with a prefill chunk: the fraction of their
+    # per-query-head KV re-reads that cost bandwidth, by decode rows x KV tokens per row.
+    mixed_rows: tuple[int, ...] = (1,)
+    mixed_kv: tuple[int, ...] = (1,)
+    mixed_extra: tuple[tuple[float, ...], ...] = ((0.0,),)
+
+    def mixed_decode_factor(self, rows: int, kv_per_row: float, group: float) -> float:
+        """What decode attention costs beside a prefill chunk over what it costs alone:
+        1 + (group - 1) x extra, extra linear between table points and clamped at its edges
+        (group: query heads per KV head; 1 re-reads nothing)."""
+        if group <= 1.0:
+            return 1.0
+        i, u = _bracket(self.mixed_rows, rows)
+        j, v = _bracket(self.mixed_kv, kv_per_row)
+        e = self.mixed_extra
+        lo = e[i][j] + v * (e[i][j + 1] - e[i][j]) if v else e[i][j]
+        if u:
+            hi = e[i + 1][j] + v * (e[i + 1][j + 1] - e[i + 1][j]) if v else e[i + 1][j]
+            lo += u * (hi - lo)
+        return max(0.0, 1.0 + (group - 1.0) * lo)
 
     def gemm_eff(self, tokens: float) -> tuple[float, float]:
         """(eff_compute, eff_memory) at `tokens` rows, linear between table points: with the
@@ -66,6 +86,16 @@ class GpuTerms:
         latency_s, bus_bytes_s = self.allreduce[gpus]
         # A ring moves 2 (n - 1) / n of the buffer over each link.
         return latency_s + 2 * (num_gpus - 1) / num_gpus * message_bytes / bus_bytes_s
+
+
+def _bracket(table: tuple[int, ...], x: float) -> tuple[int, float]:
+    """(i, w): x lies w of the way from table[i] to table[i + 1]; w = 0 at or past the ends."""
+    if x <= table[0]:
+        return 0, 0.0
+    if x >= table[-1]:
+        return len(table) - 1, 0.0
+    i = bisect.bisect_right(table, x) - 1
+    return i, (x - table[i]) / (table[i + 1] - table[i])
 
 
 def gemm_s(terms: GpuTerms, peaks: GpuPeaks, tokens: float, k: int, m: int,
@@ -98,15 +128,20 @@ def small_op_s(terms: GpuTerms, peaks: GpuPeaks, moved_bytes: float) -> float:
 
 def load_terms(gpu: str, peaks: GpuPeaks, path: Path = FIT_PATH) -> GpuTerms:
     """The fitted terms of `gpu`; sections its data lacks (all of them for a GPU without
-    data) come from the generic terms, with all-reduce bandwidth scaled by its datasheet."""
+    data) come from the generic terms, with all-reduce bandwidth scaled by its datasheet,
+    unless its GPU file gives measured all-reduces."""
     data = json.loads(path.read_text())
     own = data["gpus"].get(gpu, {})
+    fitted = bool(own)
+    if peaks.allreduce:  # the GPU file's own measurement beats any fitted or scaled curve
+        own = {**own, "allreduce": {"by_gpus": {str(n): [lat, bus]
+                                                for n, lat, bus in peaks.allreduce}}}
     entry = {**data["generic"], **own}
     allreduce = entry["allreduce"]
     if allreduce.get("scaled_by_interconnect"):
         entry["allreduce"] = {"by_gpus": {n: [lat, frac * peaks.interconnect_bytes_s]
                                           for n, (lat, frac) in allreduce["by_gpus"].items()}}
-    terms = terms_from_entry(gpu, entry, fitted=bool(own))
+    terms = terms_from_entry(gpu, entry, fitted=fitted)
     borrowed = tuple(k for k in data["generic"] if k[0] != "_" and k != "source"
                      and k not in own)
     object.__setattr__(terms, "borrowed", borrowed)
@@ -118,6 +153,7 @@ def terms_from_entry(name: str, entry: dict, fitted: bool) -> GpuTerms:
     try:
         gemm, small = entry["gemm"], entry["small_op"]
         pre, dec, sam = entry["attn_prefill"], entry["attn_decode"], entry["sampler"]
+        mixed = entry["attn_mixed"]
         terms = GpuTerms(
             name=name, fitted=fitted, source=entry["source"],
             gemm_tokens=tuple(gemm["tokens"]), gemm_eff_compute=tuple(gemm["eff_compute"]),
@@ -129,6 +165,8 @@ def terms_from_entry(name: str, entry: dict, fitted: bool) -> GpuTerms:
             allreduce={int(g): (v[0], v[1]) for g, v in entry["allreduce"]["by_gpus"].items()},
             moe_eff=entry["moe"]["eff"], gemm_latency_s=gemm["latency_s"],
             moe_compute_scale=entry["moe"]["compute_scale"],
+            mixed_rows=tuple(mixed["decode_rows"]), mixed_kv=tuple(mixed["kv_per_row"]),
+            mixed_extra=tuple(tuple(row) for row in mixed["extra"]),
         )
     except KeyError as exc:
         raise ValueError(f"GPU cost fit for {name}: missing field {exc.args[0]!r}") from None
@@ -149,6 +187,11 @@ def _check_terms(terms: GpuTerms) -> None:
              *(v for pair in terms.allreduce.values() for v in pair))
     if not all(t >= 0.0 for t in times):
         raise ValueError(f"GPU cost fit for {terms.name}: a negative time")
+    if (len(terms.mixed_extra) != len(terms.mixed_rows)
+            or any(len(row) != len(terms.mixed_kv) for row in terms.mixed_extra)
+            or list(terms.mixed_rows) != sorted(set(terms.mixed_rows))
+            or list(terms.mixed_kv) != sorted(set(terms.mixed_kv))):
+        raise ValueError(f"GPU cost fit for {terms.name}: attn_mixed table malformed")
     if list(terms.gemm_tokens) != sorted(set(terms.gemm_tokens)):
         raise ValueError(f"GPU cost fit for {terms.name}: gemm tokens not ascending")
     if not (len(terms.gemm_tokens) == len(terms.gemm_eff_compute)

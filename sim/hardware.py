@@ -40,6 +40,9 @@ class HardwareSpec:
     # Fixed cost of one collective (all-reduce, all-to-all) on top of its bytes.
     interconnect_latency_s: float = 10e-6
     usd_per_hour: float | None = None  # default price of one GPU for one hour, USD
+    # Measured all-reduces (nccl-tests on this machine): (GPUs, latency_s, bus bytes/s), which
+    # the fitted cost model takes instead of its generic curve scaled to the interconnect.
+    allreduce: tuple[tuple[int, float, float], ...] = ()
     description: str = ""
     # Where each number comes from, by field name (as the file gives it).
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
@@ -57,6 +60,10 @@ class HardwareSpec:
             raise ValueError(f"hardware {self.name}: interconnect_latency_s must be >= 0")
         if self.usd_per_hour is not None and not self.usd_per_hour > 0:
             raise ValueError(f"hardware {self.name}: usd_per_hour must be > 0")
+        for gpus, latency_s, bus_bytes_s in self.allreduce:
+            if gpus < 2 or not latency_s >= 0 or not bus_bytes_s > 0:
+                raise ValueError(f"hardware {self.name}: allreduce.{gpus} needs >= 2 GPUs, "
+                                 f"latency_s >= 0 and bus_bytes_s > 0")
 
     def flops_for(self, dtype: str) -> float:
         """Peak dense FLOP/s of GEMMs in `dtype` (bf16, fp16 or fp8)."""
@@ -93,11 +100,27 @@ def load_hardware(path: Path) -> HardwareSpec:
             interconnect_latency_s=float(data.get("interconnect_latency_s", 10e-6)),
             usd_per_hour=None if data.get("usd_per_hour") is None
             else float(data["usd_per_hour"]),
+            allreduce=_allreduce(data.get("allreduce") or {}),
             description=str(data.get("description", "")),
             sources=tuple(sorted((data.get("sources") or {}).items())),
         )
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
+
+
+def _allreduce(table: object) -> tuple[tuple[int, float, float], ...]:
+    """A GPU file's measured all-reduces: {"<GPUs>": {"latency_s": s, "bus_bytes_s": B/s}}."""
+    if not isinstance(table, dict):
+        raise ValueError("allreduce must map GPU counts to {latency_s, bus_bytes_s}")
+    out = []
+    for gpus, row in table.items():
+        if not isinstance(row, dict) or {"latency_s", "bus_bytes_s"} - set(row):
+            raise ValueError(f"allreduce.{gpus} must give latency_s and bus_bytes_s")
+        try:
+            out.append((int(gpus), float(row["latency_s"]), float(row["bus_bytes_s"])))
+        except (TypeError, ValueError):
+            raise ValueError(f"allreduce.{gpus}: GPU count and numbers expected") from None
+    return tuple(sorted(out))
 
 
 # The first presets, listed first; the other files follow by name.

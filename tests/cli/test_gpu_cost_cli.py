@@ -50,3 +50,32 @@ def test_fidelity_gpu_command_prints_both_tables(tmp_path, capsys):
     assert "a100-80gb    2 decode" in out
     assert "RTXPRO6000/Qwen3-32B" in out and "LLMServingSim err" in out
     assert (tmp_path / "gpu_steps.png").exists() and (tmp_path / "gpu_runs.png").exists()
+
+
+def test_fidelity_gpu_replays_with_a_gpu_file_of_measured_all_reduces(tmp_path, capsys):
+    """--gpu-file replaces the shipped GPU of its name: a slower PCIe all-reduce slows the
+    two-GPU runs only."""
+    from sim.hardware import GPUS_DIR
+    data = json.loads((GPUS_DIR / "rtx-pro-6000.json").read_text())
+    path = tmp_path / "pro.json"
+    path.write_text(json.dumps({**data, "allreduce": {"2": {"latency_s": 4e-5,
+                                                            "bus_bytes_s": 1.6e10}}}))
+    tables = {}
+    for name, extra in (("shipped", []), ("measured", ["--gpu-file", str(path)])):
+        assert main(["fidelity-gpu", "--out", str(tmp_path / name), *extra]) == 0
+        capsys.readouterr()
+        runs = json.loads((tmp_path / name / "gpu_fidelity.json").read_text())["runs"]
+        tables[name] = {(r["run"], r["metric"]): r["ours"] for r in runs}
+    key = ("RTXPRO6000/Qwen3-32B", "mean_tpot_ms")
+    assert tables["measured"][key] > 1.1 * tables["shipped"][key]
+    single = ("RTXPRO6000/Llama-3.1-8B", "mean_tpot_ms")
+    assert tables["measured"][single] == tables["shipped"][single]
+
+
+def test_fidelity_gpu_refuses_a_gpu_file_no_replay_runs_on(tmp_path, capsys):
+    from sim.hardware import GPUS_DIR
+    path = tmp_path / "h20.json"
+    path.write_text(json.dumps({**json.loads((GPUS_DIR / "h100.json").read_text()),
+                                "name": "h20"}))
+    assert main(["fidelity-gpu", "--out", str(tmp_path), "--gpu-file", str(path)]) == 2
+    assert "GPU 'h20' runs none of the replays" in capsys.readouterr().err

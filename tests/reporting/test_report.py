@@ -98,3 +98,27 @@ def test_server_fidelity_section_reads_the_committed_run(tmp_path):
     assert "| gamma | 8.0% | 30.0% | 10.0% | 3 |" in section.body
     assert section.images[0].name == "server_fidelity_errors.png"
     assert section.images[0].stat().st_size > 0
+
+
+def test_gpu_fidelity_section_counts_runs_and_cells_from_its_tables(tmp_path):
+    from reporting.gpu_fidelity import gpu_fidelity_section
+    section = gpu_fidelity_section(tmp_path)
+    runs = {r["run"] for r in section.data["runs"]}
+    held = sum(all(abs(r["our_error"]) <= 0.05 for r in section.data["runs"] if r["run"] == run)
+               for run in runs)
+    assert len(runs) == 4 and f"{held} of 4 real vLLM runs" in section.finding
+    assert held >= 2  # both single-GPU runs: RTX 4090 and RTX PRO 6000 Llama-3.1-8B
+    assert all(p.stat().st_size > 20_000 for p in section.images)
+    assert section.body.count("| RTX4090/Llama-3.1-8B |") == 6
+
+
+def test_sessions_section_shows_what_conversations_change(tmp_path):
+    from reporting.sessions import sessions_section
+    section = sessions_section(tmp_path, users=30, rate=1.0, replicas=2)
+    one, routed = section.data["one_gpu"], section.data["routers"]
+    assert one["chat"]["prefix_cache_hit_rate"] > 0.5
+    assert one["single-turn"]["prefix_cache_hit_rate"] == 0.0
+    assert (routed["prefix-aware"]["chat"]["prefix_cache_hit_rate"]
+            > routed["round-robin"]["chat"]["prefix_cache_hit_rate"])
+    assert f"{one['chat']['prefix_cache_hit_rate']:.0%} of its prompt tokens" in section.finding
+    assert section.images[0].stat().st_size > 20_000

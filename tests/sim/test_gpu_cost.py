@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.core import BatchPlan
@@ -87,3 +89,49 @@ def test_bad_parallelism_is_rejected_with_the_field_named():
     with pytest.raises(ValueError, match="expert_parallel"):
         GpuCostModel(known_shapes("llama-3-8b"), known_gpu("h100"), load_engine("vllm"),
                      expert_parallel=2)
+
+
+@pytest.mark.parametrize("model_name,grouped", [("llama-3-8b", True), ("llama-2-7b", False)])
+def test_decode_rows_beside_a_prefill_chunk_cost_their_re_reads(model_name, grouped):
+    """A mixed step's decode attention costs the decode-only price x the fitted factor: more
+    with grouped-query heads (the varlen kernel re-reads KV per query head), the same with MHA."""
+    model, plain = _model("rtx-pro-6000", model_name), _model("rtx-pro-6000", model_name)
+    table = plain.terms.mixed_extra
+    plain.terms = replace(plain.terms, mixed_extra=tuple((0.0,) * len(r) for r in table))
+    chunk, rows, context = 512, 64, 1024
+    mixed = BatchPlan(prefill_tokens=chunk, prefill_seqs=1, decode_seqs=rows,
+                      prefill_attn_causal=chunk * (chunk + 1) // 2,
+                      decode_context=rows * context, num_sampled=rows + 1)
+    kv_s = model._s_per_decode_kv * rows * context * model._layers
+    factor = model.terms.mixed_decode_factor(rows, context, model._group)
+    assert model.predict(mixed) - plain.predict(mixed) == pytest.approx(kv_s * (factor - 1))
+    assert (factor > 1.2) if grouped else (factor == 1.0)
+    decode_only = _decode(rows, context)  # no chunk beside them: no re-reads
+    assert model.predict(decode_only) == plain.predict(decode_only)
+
+
+def test_swapped_kv_is_priced_over_the_host_link_as_the_roofline_prices_it():
+    """--preemption swap copies KV to and from host memory before the forward: both cost
+    models charge the same bytes over the same link, and a step of copies alone costs them."""
+    from sim.cost_model import AnalyticCostModel
+    roofline = AnalyticCostModel.preset("llama-3-8b", "h100")
+    model = _model("h100", "llama-3-8b")
+    copies = BatchPlan(swap_tokens=4096)
+    assert model.predict(copies) > 0
+    assert model.predict(copies) == pytest.approx(roofline.predict(copies))
+    step = _decode(8, 512)
+    with_copies = BatchPlan(decode_seqs=8, decode_context=8 * 512, num_sampled=8,
+                            swap_tokens=4096)
+    assert model.predict(with_copies) == pytest.approx(
+        model.predict(step) + model.predict(copies))
+
+
+def test_measured_all_reduces_replace_the_scaled_curve():
+    """A GPU file's measured all-reduces price its collectives; its other terms stay fitted."""
+    shipped = known_gpu("rtx-pro-6000")
+    measured = replace(shipped, allreduce=((2, 4e-5, 1.6e10),))
+    terms, own = load_terms("rtx-pro-6000", shipped), load_terms("rtx-pro-6000", measured)
+    assert own.allreduce == {2: (4e-5, 1.6e10)} and own.fitted == terms.fitted is True
+    assert own.allreduce_s(1e6, 2) == pytest.approx(4e-5 + 1e6 / 1.6e10)
+    assert own.allreduce_s(1e6, 2) > terms.allreduce_s(1e6, 2)
+    assert own.gemm_eff_compute == terms.gemm_eff_compute

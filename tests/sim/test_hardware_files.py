@@ -56,3 +56,23 @@ def test_a_bad_gpu_file_names_the_field(tmp_path: Path, change: dict, field: str
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=field):
         load_hardware(path)
+
+
+def test_a_gpu_file_may_carry_measured_all_reduces(tmp_path: Path) -> None:
+    data = json.loads((GPUS_DIR / "rtx-pro-6000.json").read_text())
+    path = tmp_path / "pro.json"
+    path.write_text(json.dumps({**data, "allreduce": {
+        "2": {"latency_s": 4e-5, "bus_bytes_s": 1.6e10},
+        "4": {"latency_s": 6e-5, "bus_bytes_s": 1.2e10}}}))
+    assert load_hardware(path).allreduce == ((2, 4e-5, 1.6e10), (4, 6e-5, 1.2e10))
+
+
+@pytest.mark.parametrize("table", [{"2": {"latency_s": 1e-5}}, {"1": {"latency_s": 0,
+                                   "bus_bytes_s": 1e10}}, {"two": {"latency_s": 0,
+                                   "bus_bytes_s": 1e10}}, [1, 2]])
+def test_a_bad_all_reduce_table_names_the_field(tmp_path: Path, table) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**json.loads((GPUS_DIR / "h100.json").read_text()),
+                                "allreduce": table}))
+    with pytest.raises(ValueError, match="allreduce"):
+        load_hardware(path)
