@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,9 +273,10 @@ def report(rows: list[dict[str, float]], args: argparse.Namespace) -> None:
     client_ttft = [r["received"] - r["sent"] for r in rows]
     server_ttft = [r["token"] - r["handler"] for r in rows]
     outside = [c - s for c, s in zip(client_ttft, server_ttft, strict=True)]
-    print(f"median TTFT: client {statistics.median(client_ttft) * 1e3:.2f} ms, server "
-          f"(handler -> token) {statistics.median(server_ttft) * 1e3:.2f} ms; per request, "
-          f"client less server: median {pct(outside, 0.5):.2f} ms, p95 {pct(outside, 0.95):.2f}")
+    print(f"TTFT median / p95: client {pct(client_ttft, 0.5):.2f} / {pct(client_ttft, 0.95):.2f}"
+          f" ms, server (handler -> token) {pct(server_ttft, 0.5):.2f} / "
+          f"{pct(server_ttft, 0.95):.2f} ms; per request, client less server: median "
+          f"{pct(outside, 0.5):.2f} ms, p95 {pct(outside, 0.95):.2f}")
 
 
 if __name__ == "__main__":
