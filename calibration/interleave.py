@@ -56,7 +56,7 @@ class Interleaved:
 
 def measure_interleaved(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
                         seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
-                        step_logs: dict[str, list] | None = None
+                        step_logs: dict[str, list] | None = None, open_loop: bool = False
                         ) -> tuple[dict[str, list[RunResult]], dict[str, list[float]],
                                    list[list[float]]]:
     """measure_runs with the profile grid (an executor.profile.GridProfile) timed in the same
@@ -64,13 +64,14 @@ def measure_interleaved(trace: Trace, configs: dict[str, SchedulerConfig], model
     round completed after them (two rounds at least, for the step jitter). Returns the runs;
     per policy how slow the machine ran the grid's shapes during each run (relative_speeds;
     1 for a run too short to time one); and the slowness in force at each of the grid's
-    timings ([rounds, shapes]). on_run: after each warm-up shape."""
+    timings ([rounds, shapes]). on_run: after each warm-up shape; open_loop: as in
+    measure_runs."""
     from executor.profile import relative_speeds
 
     profile.run_round(timed=False, on_run=on_run)
     mixed = Interleaved(profile, on_step=on_step)
     measured = measure_runs(trace, configs, model, seed, mixed.on_step, repeats,
-                            mixed.start_run, step_logs, mixed.use_backend)
+                            mixed.start_run, step_logs, mixed.use_backend, open_loop)
     profile.tag = None  # after the runs, at home
     profile.use(None)
     profile.finish()
@@ -84,12 +85,13 @@ def measure_interleaved(trace: Trace, configs: dict[str, SchedulerConfig], model
 
 def measure_and_calibrate(trace: Trace, configs: dict[str, SchedulerConfig], model, profile,
                           seed: int = 0, on_step=None, on_run=None, repeats: int = 1,
-                          step_logs: dict[str, list] | None = None
+                          step_logs: dict[str, list] | None = None, open_loop: bool = False
                           ) -> tuple[dict[str, list[RunResult]], Fit, dict[str, list[float]]]:
     """measure_interleaved, and the cost model fitted to the grid's rounds: the runs, the
     fit and each run's speed."""
 
     measured, speeds, slowness = measure_interleaved(trace, configs, model, profile, seed,
-                                                     on_step, on_run, repeats, step_logs)
+                                                     on_step, on_run, repeats, step_logs,
+                                                     open_loop)
     fit = fit_profile(profile.plans, profile.times, slowness, profile.home.row_knots)
     return measured, fit, speeds

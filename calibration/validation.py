@@ -10,11 +10,12 @@ from dataclasses import replace
 import numpy as np
 
 from sim.calibrated import CalibratedCostModel
+from sim.closed_loop import closed_loop, replay
 from sim.core import BatchPlan
 from sim.engine import Engine
 from sim.metrics import summarize
 from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import RunResult, run_trace
+from sim.simulation import RunResult
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
 
@@ -46,11 +47,12 @@ def signed_errors(measured: dict, simulated: dict) -> dict:
 def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed: int = 0,
                  on_step=None, repeats: int = 1, before_each=None,
                  step_logs: dict[str, list] | None = None,
-                 on_backend=None) -> dict[str, list[RunResult]]:
+                 on_backend=None, open_loop: bool = False) -> dict[str, list[RunResult]]:
     """Each policy's config run `repeats` times on `model`, in A B .. B A order so a slow
     spell of a shared machine hits every policy alike; before_each(policy, k) runs before
     the policy's k-th run, on_backend(backend) once its backend is made. step_logs, if
-    given, gets per policy a list of each run's executed (plan, seconds)."""
+    given, gets per policy a list of each run's executed (plan, seconds). Sessions run
+    closed-loop (sim.closed_loop) unless open_loop."""
     from executor.replay import measured_run
 
     measured: dict[str, list[RunResult]] = {policy: [] for policy in configs}
@@ -62,16 +64,17 @@ def measure_runs(trace: Trace, configs: dict[str, SchedulerConfig], model, seed:
             log = None
             if step_logs is not None:
                 step_logs.setdefault(policy, []).append(log := [])
-            measured[policy].append(measured_run(requests_from_trace(trace), configs[policy],
-                                                 model, seed, on_step, log,
-                                                 on_backend))
+            requests = requests_from_trace(trace)
+            loop = closed_loop(trace, requests, open_loop=open_loop)
+            measured[policy].append(measured_run(requests, configs[policy], model, seed,
+                                                 on_step, log, on_backend, loop))
     return measured
 
 
 def compare(trace: Trace, configs: dict[str, SchedulerConfig],
             measured: dict[str, list[RunResult]], cost_model: CalibratedCostModel,
             step_logs: dict[str, list] | None = None,
-            speeds: dict[str, list[float]] | None = None
+            speeds: dict[str, list[float]] | None = None, open_loop: bool = False
             ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy simulated with `cost_model` against its measured runs: per policy the two
     summaries (each metric's median over the measured runs, and over SIMULATIONS_PER_RUN
@@ -80,7 +83,8 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
     measurement), with step_logs (measure_runs) its `steps` (in_run_step_error); and the
     (first measured, first simulated) runs. speeds (measure_interleaved), if given, is how
     slow the machine ran during each measured run: that run's simulations and its steps'
-    prices are scaled by it (kept as each policy's `speeds`)."""
+    prices are scaled by it (kept as each policy's `speeds`). Sessions run closed-loop, as
+    the measured runs sent them, unless open_loop."""
     results, runs = {}, {}
     per_run = SIMULATIONS_PER_RUN if cost_model.jitter else 1
     for policy, config in configs.items():
@@ -90,8 +94,9 @@ def compare(trace: Trace, configs: dict[str, SchedulerConfig],
         run_speeds = (speeds or {}).get(policy) or [1.0] * len(measured[policy])
         varied = cost_model.jitter or len(set(run_speeds)) > 1
         count = len(run_speeds) * per_run if varied else 1
-        simulations = [run_trace(requests_from_trace(trace), Engine(Scheduler(config), replace(
-                           cost_model.scaled(run_speeds[k // per_run]), jitter_seed=k)))
+        simulations = [replay(trace, requests_from_trace(trace), Engine(Scheduler(config),
+                              replace(cost_model.scaled(run_speeds[k // per_run]),
+                                      jitter_seed=k)), open_loop=open_loop)
                        for k in range(count)]
         m, spread = median_summary([summarize(run) for run in measured[policy]])
         s, _ = median_summary([summarize(run) for run in simulations])

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from executor.backend import ModelBackend
 from executor.model import Transformer
 from executor.prompts import attach_prompt_tokens
+from sim.closed_loop import ClosedLoop, run_closed_trace
 from sim.core import BatchPlan, Request
 from sim.engine import Engine
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -17,13 +18,17 @@ def measured_run(requests: list[Request], config: SchedulerConfig, model: Transf
                  seed: int = 0,
                  on_step: Callable[[float, list[Request]], None] | None = None,
                  step_log: list[tuple[BatchPlan, float]] | None = None,
-                 on_backend: Callable[[ModelBackend], None] | None = None) -> RunResult:
+                 on_backend: Callable[[ModelBackend], None] | None = None,
+                 loop: ClosedLoop | None = None) -> RunResult:
     """Replay requests on the model; the clock advances by each step's measured duration.
     step_log, if given, receives every step's (plan, seconds); on_backend, the run's
-    backend before its first step."""
+    backend before its first step; with a loop, requests arrive as it releases them
+    (sim.closed_loop), not at their times."""
     attach_prompt_tokens(requests, model.args.vocab_size, seed)
     scheduler = Scheduler(config)
     backend = ModelBackend(model, scheduler.block_manager, step_log=step_log)
     if on_backend is not None:
         on_backend(backend)
+    if loop is not None:
+        return run_closed_trace(requests, Engine(scheduler, backend), loop, on_step)
     return run_trace(requests, Engine(scheduler, backend), on_step=on_step)

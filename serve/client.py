@@ -30,6 +30,7 @@ from serve.closed_loop import chains_of, drive
 from serve.connection import (
     COUNTERS,
     BenchConfig,
+    encode_json,
     make_client,
     model_card,
     post_once_more_if_unsent,
@@ -216,11 +217,19 @@ async def _post(run: _Run, sent: BenchRequest, record: Request) -> None:
                "stream": True, "return_token_ids": True}
     if sent.tenant is not None:
         payload["user"] = sent.tenant
-    record.arrival_s = time.perf_counter() - run.t0  # TTFT counts from the actual send
+    # TTFT counts from the actual send: once the body is on the connection (aiohttp's hook;
+    # a second try's send replaces the first's), not from before the client encoded and
+    # framed a prompt of thousands of token ids, its own work and none of the server's.
+    body = encode_json(payload)
+
+    def sent() -> None:
+        record.arrival_s = time.perf_counter() - run.t0
+
+    sent()  # (a request whose body never goes out keeps this one)
     run.sent.add(record.request_id)
     try:
         response, again = await post_once_more_if_unsent(run.client, run.fresh,
-                                                         "v1/completions", payload)
+                                                         "v1/completions", body, sent)
         run.retried += again
         async with response:
             if response.status != 200:

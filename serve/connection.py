@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -49,6 +51,7 @@ def make_client(config: BenchConfig, pooled: bool = True) -> aiohttp.ClientSessi
                  if pooled else aiohttp.TCPConnector(limit=0, force_close=True))
     tracing = aiohttp.TraceConfig()
     tracing.on_connection_reuseconn.append(_mark_reused)
+    tracing.on_request_chunk_sent.append(_mark_sent)
     return aiohttp.ClientSession(
         base_url=config.url.rstrip("/") + "/", headers=headers, timeout=timeout,
         connector=connector, trust_env=False, trace_configs=[tracing])
@@ -56,16 +59,24 @@ def make_client(config: BenchConfig, pooled: bool = True) -> aiohttp.ClientSessi
 
 @dataclass
 class _Attempt:
-    """One try of a request: whether it went out on a pooled connection (a trace hook
-    marks it)."""
+    """One try of a request: whether it went out on a pooled connection, and what to call
+    once its body was written to the connection (trace hooks do both)."""
 
     reused: bool = False
+    on_sent: Callable[[], None] | None = None
 
 
 async def _mark_reused(_session: aiohttp.ClientSession, context: SimpleNamespace,
                        _params: aiohttp.TraceConnectionReuseconnParams) -> None:
     if isinstance(context.trace_request_ctx, _Attempt):
         context.trace_request_ctx.reused = True
+
+
+async def _mark_sent(_session: aiohttp.ClientSession, context: SimpleNamespace,
+                     _params: aiohttp.TraceRequestChunkSentParams) -> None:
+    attempt = context.trace_request_ctx
+    if isinstance(attempt, _Attempt) and attempt.on_sent is not None:
+        attempt.on_sent()
 
 
 def never_reached_server(exc: BaseException, reused: bool) -> bool:
@@ -92,20 +103,34 @@ def never_reached_server(exc: BaseException, reused: bool) -> bool:
 
 
 async def post_once_more_if_unsent(client: aiohttp.ClientSession,
-                                   fresh: aiohttp.ClientSession, path: str, payload: dict
+                                   fresh: aiohttp.ClientSession, path: str,
+                                   payload: dict | bytes,
+                                   on_sent: Callable[[], None] | None = None
                                    ) -> tuple[aiohttp.ClientResponse, bool]:
-    """POST on the pool, and if that try never reached the server (never_reached_server),
-    once more on a new connection (`fresh`, a session that never pools: a second stale
-    connection cannot be picked); the response (status and headers read) and whether it
-    took the second try. Like HTTP clients that retry a request on a reused connection only
-    when nothing of it was processed (RFC 9112 9.3.1.1), never twice."""
-    attempt = _Attempt()
+    """POST `payload` (a JSON object, or one already encoded) on the pool, and if that try
+    never reached the server (never_reached_server), once more on a new connection
+    (`fresh`, a session that never pools: a second stale connection cannot be picked); the
+    response (status and headers read) and whether it took the second try. Like HTTP
+    clients that retry a request on a reused connection only when nothing of it was
+    processed (RFC 9112 9.3.1.1), never twice. `on_sent` is called each time a try's body
+    has been written to its connection (sessions from make_client only)."""
+    body = ({"data": payload, "headers": JSON_CONTENT} if isinstance(payload, bytes)
+            else {"json": payload})
+    attempt = _Attempt(on_sent=on_sent)
     try:
-        return await client.post(path, json=payload, trace_request_ctx=attempt), False
+        return await client.post(path, **body, trace_request_ctx=attempt), False
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if not never_reached_server(exc, attempt.reused):
             raise
-    return await fresh.post(path, json=payload), True
+    return await fresh.post(path, **body, trace_request_ctx=_Attempt(on_sent=on_sent)), True
+
+
+JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def encode_json(payload: dict) -> bytes:
+    """A request body as aiohttp's `json=` would send it (json.dumps, UTF-8)."""
+    return json.dumps(payload).encode()
 
 
 async def model_card(client: aiohttp.ClientSession, model: str | None) -> dict:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
-from servelab.trace_args import add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.cluster import DEFAULT_KV_LINK_GBPS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.gpu_cost import coverage as gpu_coverage
@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan", help="cheapest deployments (GPUs, TP, replicas, P/D, router) holding an SLO",
         description=__doc__.splitlines()[0])
     add_trace_args(plan, positional=False)
+    plan.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     slo = plan.add_argument_group("SLO")
     slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
     slo.add_argument("--slo-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
@@ -131,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
     trace = load_trace_from_args(args)
     context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
-                          args.enable_prefix_caching, args.gpu_memory_utilization, args.cost)
+                          args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
+                          open_loop=args.open_loop)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")

@@ -25,7 +25,8 @@ from servelab.sim_args import (
     slo_from_args,
     write_json_atomic,
 )
-from servelab.trace_args import add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from sim.closed_loop import closed_loop
 from sim.core import SamplingParams
 from sim.metrics import summarize
 from sim.policy_runs import RunTables, run_tables
@@ -35,6 +36,7 @@ from sim.workload import requests_from_trace
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser("run", help="replay a trace on the real model (measured)")
     add_trace_args(run, positional=False)
+    run.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     run.add_argument("--policy", default="continuous", help="static|continuous|recompute|chunked")
     add_scheduler_args(run)
     add_model_args(run)
@@ -61,8 +63,9 @@ def _run(args: argparse.Namespace) -> int:
 
     bar = tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False, disable=None)
     start = time.perf_counter()
+    loop = closed_loop(trace, requests, open_loop=args.open_loop)  # as simulate sends it
     result = measured_run(requests, config, loaded.model, args.seed,
-                          on_step=lambda _now, done: bar.update(len(done)))
+                          on_step=lambda _now, done: bar.update(len(done)), loop=loop)
     wall_s = time.perf_counter() - start
     bar.close()
     summary = summarize(result, slo)

@@ -19,7 +19,7 @@ from servelab.sim_args import (
     slo_from_args,
     write_json_atomic,
 )
-from servelab.trace_args import add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from workloads import Trace
@@ -53,10 +53,7 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("--users", type=int, default=None,
                       help="closed loop: N users, each sending its next request (or session) "
                            "as soon as its last one finished, as bench-serve --users does")
-    loop.add_argument("--open-loop", action="store_true",
-                      help="replay every arrival time as written, sessions' turns included "
-                           "(default: a session's turn waits for the previous answer plus "
-                           "its think time, as bench-serve sends it)")
+    loop.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
 
 
 def _run(args: argparse.Namespace, policies: list[str] | None) -> int:

@@ -22,7 +22,7 @@ from servelab.sim_args import (
     slo_from_args,
     write_json_atomic,
 )
-from servelab.trace_args import add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
 from sweeps.grid import (
     DEFAULT_QPS_SCALES,
@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sweep", help="simulate policies x rates x limits; capacity at SLO",
         description=__doc__.splitlines()[0])
     add_trace_args(sweep, positional=False)
+    sweep.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     grid_args = sweep.add_argument_group("grid (comma-separated lists)")
     grid_args.add_argument("--policies", default="static,continuous,recompute,chunked")
     grid_args.add_argument("--qps-scales", default=QPS_SCALES_TEXT,
@@ -119,7 +120,8 @@ def _run(args: argparse.Namespace) -> int:
     context = SweepContext(load_trace_from_args(args), deployment.cost_model,
                            deployment.kv_pool.num_blocks, deployment.kv_pool.block_size,
                            args.max_model_len or deployment.max_model_len, slo_from_args(args),
-                           caching, cluster_from_args(args, deployment))
+                           caching, cluster_from_args(args, deployment),
+                           open_loop=args.open_loop)
     for point in points:  # a bad combination fails now, before any run
         context.config(point)
     if args.ray is not None:

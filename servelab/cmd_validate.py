@@ -24,7 +24,7 @@ from servelab.sim_args import (
     scheduler_config,
     write_json_atomic,
 )
-from servelab.trace_args import add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from servelab.validate_output import format_errors, format_overall, format_speeds, format_steps
 from sim.calibrated import CalibratedCostModel
 
@@ -32,6 +32,7 @@ from sim.calibrated import CalibratedCostModel
 def register(subparsers: argparse._SubParsersAction) -> None:
     val = subparsers.add_parser("validate", help="measured vs simulated on one trace")
     add_trace_args(val, positional=False)
+    val.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     val.add_argument("--policies", default="static,continuous,recompute,chunked")
     cal = val.add_mutually_exclusive_group(required=True)
     # With --url, --cost-model is a calibration of that server (calibrate --url).
@@ -88,11 +89,11 @@ def _measure(args: argparse.Namespace, trace, loaded, configs: dict) -> Measured
     try:
         if profile is None:
             runs = measure_runs(trace, configs, loaded.model, args.seed, on_step, args.repeats,
-                                step_logs=step_logs)
+                                step_logs=step_logs, open_loop=args.open_loop)
             return Measured(runs, CalibratedCostModel.load(args.cost_model), step_logs)
         runs, fit, speeds = measure_and_calibrate(
             trace, configs, loaded.model, profile, args.seed, on_step, lambda: bar.update(1),
-            args.repeats, step_logs)
+            args.repeats, step_logs, args.open_loop)
     finally:
         bar.close()
     num_blocks = next(iter(configs.values())).num_blocks
@@ -103,12 +104,13 @@ def _measure(args: argparse.Namespace, trace, loaded, configs: dict) -> Measured
     return Measured(runs, model, step_logs, fit, profile, speeds)
 
 
-def _at_one_speed(trace, configs: dict, measured: Measured) -> dict | None:
+def _at_one_speed(trace, configs: dict, measured: Measured, open_loop: bool) -> dict | None:
     """The same runs simulated at the machine's usual speed throughout, not each run's own:
     what the run speeds buy (None without --calibrate)."""
     if measured.speeds is None:
         return None
-    return overall(compare(trace, configs, measured.runs, measured.cost_model)[0])
+    return overall(compare(trace, configs, measured.runs, measured.cost_model,
+                           open_loop=open_loop)[0])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -119,6 +121,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.url is not None:
         from servelab.server_calibration import validate_url
 
+        if args.open_loop:
+            raise ValueError("--open-loop: not with --url (the replay sends a session's turn "
+                             "after the previous answer, as bench-serve does)")
         return validate_url(args)
     policies = parse_policies(args.policies)
     if args.cost_model is not None:
@@ -132,8 +137,8 @@ def _run(args: argparse.Namespace) -> int:
                for p in policies}
     measured = _measure(args, trace, loaded, configs)
     results, runs = compare(trace, configs, measured.runs, measured.cost_model,
-                            measured.step_logs, measured.speeds)
-    one_speed = _at_one_speed(trace, configs, measured)
+                            measured.step_logs, measured.speeds, args.open_loop)
+    one_speed = _at_one_speed(trace, configs, measured, args.open_loop)
     run_speed = overall(results) if measured.speeds is not None else None
     source = args.cost_model or f"{args.calibrate} (calibrated during the measured runs)"
     print(f"trace {trace.name}: {len(trace)} requests; model {loaded.name} on {loaded.device} "

@@ -30,6 +30,12 @@ is an error naming its line.
 {SPEC_HELP}"""
 
 
+# --open-loop, as every simulating command spells it (sim.closed_loop runs the default).
+OPEN_LOOP_HELP = ("replay every arrival time as written, sessions' turns included (default: a "
+                  "session's turn waits for the previous answer plus its think time, as "
+                  "bench-serve sends it)")
+
+
 # The transform flags: (flag, type, default, metavar, help); TraceTransforms has the fields.
 _TRANSFORM_FLAGS = (
     ("--start-s", float, 0.0, "S", "drop requests arriving before S seconds"),

@@ -10,7 +10,13 @@ release time: its TTFT counts from when it was sent, as the client measures it.
 
 The engines' steps feed the loop through the run's on_step (every step's finished requests,
 quiet runs' included, at their finish_s); each release is a SimPy process that adds its
-request at its time, as the open-loop arrival process would have.
+request at its time, as the open-loop arrival process would have. Until it is released a
+request has no arrival time (math.inf), so an SLO watch (sim.verdict) never judges the wait
+of a turn still waiting for its previous answer; a run stopped early puts the written times
+back on the requests it never released.
+
+`replay` is sim.simulation.run_trace for a trace: its sessions closed-loop unless open_loop,
+the one path `simulate`, `sweep`, `plan` and `validate` share.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import simpy
 from sim.cluster import ClusterConfig, ClusterResult, _Arrival, _Cluster, run_engines
 from sim.core import Request
 from sim.engine import Engine
-from sim.simulation import RunResult, _Replay, collector_paused
+from sim.simulation import RunResult, _Replay, collector_paused, run_trace
 from workloads.sessions import Chain, chains_of
 from workloads.trace import Trace
 
@@ -46,14 +52,34 @@ class ClosedLoop:
         for chain in chains:
             for k, row in enumerate(chain.rows):
                 self.place[id(requests[row])] = (chain, k)
+        self.written_s: dict[int, float] = {}  # id(request) -> trace time, until released
 
     def start(self) -> list[tuple[float, Request]]:
         """The requests released without waiting: each chain's first at its trace time, or
-        with users, the first chain of each user at once."""
+        with users, the first chain of each user at once. Every other request has no
+        arrival time until it is released."""
         if self.users is None:
-            return [(chain.start_s, self.requests[chain.rows[0]]) for chain in self.queue]
-        taken = [self.queue.popleft() for _ in range(min(self.users, len(self.queue)))]
-        return [(0.0, self.requests[chain.rows[0]]) for chain in taken]
+            started = [(chain.start_s, self.requests[chain.rows[0]]) for chain in self.queue]
+        else:
+            taken = [self.queue.popleft() for _ in range(min(self.users, len(self.queue)))]
+            started = [(0.0, self.requests[chain.rows[0]]) for chain in taken]
+        first = {id(request) for _, request in started}
+        for request in self.requests:
+            if id(request) in self.place and id(request) not in first:
+                self.written_s[id(request)] = request.arrival_s
+                request.arrival_s = math.inf
+        return started
+
+    def released(self, request: Request, at_s: float) -> None:
+        """Give `request` its arrival time: it is sent at `at_s`."""
+        self.written_s.pop(id(request), None)
+        request.arrival_s = at_s
+
+    def restore_unreleased(self) -> None:
+        """Put the trace times back on the requests never released (a run stopped early)."""
+        for request in self.requests:
+            if id(request) in self.written_s:
+                request.arrival_s = self.written_s.pop(id(request))
 
     def finished(self, request: Request, now: float) -> tuple[float, Request] | None:
         """The request released because `request` ended at `now`, and its release time."""
@@ -90,6 +116,16 @@ def closed_loop(trace: Trace, requests: Sequence[Request], users: int | None = N
     return ClosedLoop(requests, chains, think_s, users)
 
 
+def replay(trace: Trace, requests: Sequence[Request], engine: Engine,
+           on_step: OnStep | None = None, open_loop: bool = False) -> RunResult:
+    """sim.simulation.run_trace over a trace's requests (sim.workload.requests_from_trace,
+    in row order): its sessions closed-loop, as `simulate` runs them, unless open_loop."""
+    loop = closed_loop(trace, requests, open_loop=open_loop)
+    if loop is None:
+        return run_trace(requests, engine, on_step=on_step)
+    return run_closed_trace(requests, engine, loop, on_step)
+
+
 def run_closed_trace(requests: Sequence[Request], engine: Engine, loop: ClosedLoop,
                      on_step: OnStep | None = None, defer_decodes: bool = True) -> RunResult:
     """sim.simulation.run_trace with the loop's arrivals instead of the trace's times."""
@@ -97,10 +133,13 @@ def run_closed_trace(requests: Sequence[Request], engine: Engine, loop: ClosedLo
         engine.defer_decodes()
     env = simpy.Environment()
     replay = _ClosedReplay(env, requests, engine, on_step, loop)
-    for at_s, request in loop.start():
-        replay.release(at_s, request)
-    with collector_paused():
-        env.run(until=env.process(replay.stepping()))
+    try:
+        for at_s, request in loop.start():
+            replay.release(at_s, request)
+        with collector_paused():
+            env.run(until=env.process(replay.stepping()))
+    finally:
+        loop.restore_unreleased()
     scheduler = engine.scheduler
     return RunResult(requests=list(requests), steps=engine.steps,
                      num_preemptions=scheduler.num_preemptions,
@@ -118,9 +157,12 @@ def run_closed_cluster(requests: Sequence[Request], engines: Sequence[Engine],
         engine.defer_decodes()
     env = simpy.Environment()
     cluster = _ClosedCluster(env, list(engines), config, on_step, loop)
-    for at_s, request in loop.start():
-        cluster.release(at_s, request)
-    return run_engines(env, cluster, requests)
+    try:
+        for at_s, request in loop.start():
+            cluster.release(at_s, request)
+        return run_engines(env, cluster, requests)
+    finally:
+        loop.restore_unreleased()
 
 
 def _feeding(loop: ClosedLoop, release: Callable[[float, Request], None],
@@ -158,7 +200,7 @@ class _ClosedReplay(_Replay):
         self.next_arrival_s = self.due[0] if self.due else math.inf
 
     def release(self, at_s: float, request: Request) -> None:
-        request.arrival_s = at_s
+        self.loop.released(request, at_s)
         due_s = at_s + self.delay_s
         heapq.heappush(self.due, due_s)
         self._set_next_arrival()
@@ -187,7 +229,7 @@ class _ClosedCluster(_Cluster):
         super().__init__(env, engines, config, _feeding(loop, self.release, on_step))
 
     def release(self, at_s: float, request: Request) -> None:
-        request.arrival_s = at_s
+        self.loop.released(request, at_s)
         self.env.process(self._arrive(at_s + self.delay_s, request))
 
     def _arrive(self, due_s: float, request: Request):

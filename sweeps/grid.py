@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from sim.closed_loop import closed_loop
 from sim.cluster import ClusterConfig
 from sim.core import Backend, Request
 from sim.metrics import Slo, summarize
@@ -62,6 +63,7 @@ class SweepContext:
     slo: Slo | None = None  # goodput SLOs, if any
     enable_prefix_caching: bool = True
     cluster: ClusterConfig | None = None  # replicas or a P/D split; None: one engine
+    open_loop: bool = False  # sessions' turns at their written times, not closed-loop
 
     def config(self, point: SweepPoint) -> SchedulerConfig:
         return SchedulerConfig(
@@ -127,8 +129,9 @@ def run_point(context: SweepContext, point: SweepPoint) -> dict:
     config = context.config(point)  # invalid combinations fail here, naming the limit
     trace = scale_qps(context.trace, point.qps_scale) if point.qps_scale != 1 else context.trace
     requests = requests_from_trace(trace)
+    loop = closed_loop(trace, requests, open_loop=context.open_loop)  # as simulate runs it
     result, _ = run_deployment(requests, config, context.backend, context.cluster,
-                               verdict_watch(requests, point.verdict, config))
+                               verdict_watch(requests, point.verdict, config), loop)
     summary = summarize(result, context.slo)
     row = point_row(context, point)
     if point.verdict is not None:

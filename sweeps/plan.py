@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sim.closed_loop import closed_loop
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cost_model import AnalyticCostModel
 from sim.deployment import (
@@ -87,6 +88,7 @@ class PlanContext:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
+    open_loop: bool = False  # sessions' turns at their written times, not closed-loop
 
     def resolved(self, family: Family) -> Deployment:
         """One engine of the family as a Deployment (its cost model and KV pool)."""
@@ -131,8 +133,9 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
     if point.qps_scale != 1:
         trace = scale_qps(trace, point.qps_scale)
     requests = requests_from_trace(trace)
+    loop = closed_loop(trace, requests, open_loop=context.open_loop)  # as simulate runs it
     result, _ = run_deployment(requests, config, backend, cluster,
-                               verdict_watch(requests, point.verdict, config))
+                               verdict_watch(requests, point.verdict, config), loop)
     summary = summarize(result)
     family = point.family
     gpus = cluster.num_engines * family.tp
@@ -302,4 +305,5 @@ def simulate_args(row: dict, context: PlanContext) -> list[str]:
             "--block-size", str(context.block_size), "--gpu-memory-utilization",
             f"{context.gpu_memory_utilization:g}", "--kv-link-gbps",
             f"{context.kv_link_gbps:g}", *budget, *caching,
-            *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else [])]
+            *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else []),
+            *(["--open-loop"] if context.open_loop else [])]

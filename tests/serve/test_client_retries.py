@@ -10,7 +10,12 @@ import aiohttp
 import pytest
 
 from serve.client import BenchConfig, BenchRequest, run_bench, summarize_bench
-from serve.connection import never_reached_server, post_once_more_if_unsent
+from serve.connection import (
+    encode_json,
+    make_client,
+    never_reached_server,
+    post_once_more_if_unsent,
+)
 from sim.core import FinishReason
 from tests.serve.client_fakes import Script, ScriptedServer
 
@@ -113,3 +118,27 @@ def test_only_errors_before_any_response_byte_on_a_reused_connection_count_as_un
     assert not never_reached_server(partial, reused=True)
     assert not never_reached_server(aiohttp.ClientPayloadError("cut"), reused=True)
     assert not never_reached_server(asyncio.TimeoutError(), reused=True)
+
+
+def test_a_try_counts_as_sent_once_its_body_is_on_the_connection():
+    # keepalive 0: the second request meets its pooled connection closed and goes again on
+    # a new one; each try whose body went out says so, the one that never connected never.
+    calls: list[str] = []
+
+    async def post(url: str, label: str) -> bool:
+        config = BenchConfig(url)
+        async with make_client(config) as client, make_client(config, pooled=False) as fresh:
+            body = encode_json({"prompt": [7, 8, 9], "max_tokens": 3, "stream": True})
+            for _ in range(2):
+                response, again = await post_once_more_if_unsent(
+                    client, fresh, "v1/completions", body, lambda: calls.append(label))
+                async with response:
+                    await response.read()
+            return again
+
+    with ScriptedServer(Script(keepalive_s=0.0)) as server:
+        retried = asyncio.run(post(server.url, "served"))
+    assert retried and calls == ["served"] * (2 + server.closed_idle["/v1/completions"])
+    with pytest.raises(aiohttp.ClientConnectorError):
+        asyncio.run(post(f"http://127.0.0.1:{free_port()}/", "refused"))
+    assert "refused" not in calls

@@ -4,6 +4,8 @@ previous turn's prompt and answer, on one engine and in a cluster."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sim.closed_loop import closed_loop, run_closed_cluster, run_closed_trace
@@ -11,8 +13,10 @@ from sim.cluster import ClusterConfig
 from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
 from sim.fixed_backend import ConstantBackend
+from sim.policy_runs import run_deployment
 from sim.router import RouterConfig
 from sim.scheduler import Scheduler, SchedulerConfig
+from sim.verdict import SloWatch
 from sim.workload import requests_from_trace
 from workloads import open_trace
 
@@ -138,3 +142,19 @@ def test_a_truncated_conversation_does_not_name_the_answer_it_dropped():
     requests = requests_from_trace(trace)
     assert requests[0].prefix_hash_tokens == (100, 50)
     assert requests[1].prefix_hash_tokens == tuple(trace.prefix_tokens()[1])
+
+
+def test_a_run_stopped_early_gives_the_turns_it_never_sent_their_written_times_back():
+    trace = open_trace(CHAT, seed=3)
+    requests = requests_from_trace(trace)
+    written = dict(zip(trace.request_ids, trace.arrival_s.tolist(), strict=True))
+    config = SchedulerConfig("chunked", num_blocks=4096)
+    # Targets no step meets: the watch stops the run at the first finished request.
+    watch = SloWatch(requests, 1e-3, 1e-3, config.never_fits)
+    result, _ = run_deployment(requests, config, ConstantBackend(step_s=0.01), None, watch,
+                               closed_loop(trace, requests))
+    assert result.stopped_s is not None
+    assert all(math.isfinite(r.arrival_s) for r in requests)
+    never_sent = [r for r in requests if r.first_scheduled_s is None
+                  and r.arrival_s == written[r.request_id]]
+    assert any(r.request_id.endswith("-t2") for r in never_sent)
