@@ -36,7 +36,7 @@ MODEL = "llama-3-8b"
 SMALL_HARDWARE, SMALL_MAX_SEQS = "a100-80gb", 32
 SMALL_DEPLOYMENT = "Llama-3-8B bf16 on one A100-80GB, at most 32 running requests (simulated)"
 AGINGS_S = (DEFAULT_QUEUE_AGING_S, 20.0)  # the default bound, one the backlog outgrows
-SJF_QPS_SCALE = 5.5  # x azure-conv's 5.5 req/s: ~30 req/s against the ~14 one H100 serves
+SJF_QPS_SCALE = 3.5  # x the first requests' 4.9 req/s: ~17 req/s against the ~14 one H100 serves
 SJF_NOISES = (0.0, 0.5, 1.5)  # log-space std of the output-length guess (0: an oracle)
 SWAP_HARDWARE = ("a100-80gb", "h100")  # PCIe 32 and 64 GB/s per direction
 SWAP_OUTPUT = 512  # tokens; with the longest prompt, 7,680 + 512 = Llama-3-8B's 8,192
