@@ -6,7 +6,8 @@ A request samples a token in the step that completes its sequence, so a newly ad
 gets its first token from prefill and the running ones advance exactly one token per step.
 The waiting queue (sim.queues) orders admissions and names eviction victims, the batching
 policy (sim.batching, sim.policies) plans each step through the steps offered here, and the
-eviction mechanism (sim.eviction) decides what becomes of a victim's KV.
+eviction mechanism (sim.eviction) decides what becomes of a victim's KV; sim.scheduler_deferral
+holds the methods for decode rows kept out of the plans (sim.deferred).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sim.plan import add_chunks, add_running, add_to_plan, remove_from_plan
 from sim.policies import BATCHING
 from sim.queues import make_queue
 from sim.scheduler_config import POLICIES, SchedulerConfig
+from sim.scheduler_deferral import DecodeDeferral
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
 
@@ -27,7 +29,7 @@ __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives besid
 _RUNNING = RequestStatus.RUNNING
 
 
-class Scheduler:
+class Scheduler(DecodeDeferral):
     """Owns the waiting and running queues and the KV block manager."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -54,24 +56,10 @@ class Scheduler:
         self._caching = config.enable_prefix_caching
         self._live: dict[str, Request] = {}  # unfinished requests by id
         self._budget = config.budget
-        self._deferred: DeferredDecodes | None = None  # see defer_decodes
+        self.deferred: DeferredDecodes | None = None  # see defer_decodes
         # A P/D prefill engine keeps a finished request's KV until its transfer is done
         # (release_kv), as vLLM's P/D connectors free a block only once it has been sent.
         self.keep_finished_kv = False
-
-    def defer_decodes(self) -> bool:
-        """Keep decode rows out of the plans' row lists (sim.deferred): for a backend that
-        prices a plan from its totals and samples no tokens. Returns whether it is on: not
-        when a part does per-row work it does not model (static batching's padding, swap's
-        copies, a fair queue's charges)."""
-        if self._live:
-            raise RuntimeError("defer_decodes must be set before the first request")
-        if (self.batching.allows_deferral and self.eviction.allows_deferral
-                and self.waiting.allows_deferral):
-            self._deferred = DeferredDecodes(
-                self.block_manager.block_size, not self.batching.reserves_full, self._caching,
-                self.waiting.sorts_running, self.block_manager.block_table)
-        return self.deferring
 
     @property
     def num_swapped_out(self) -> int:
@@ -87,31 +75,6 @@ class Scheduler:
     def held_rows(self) -> list[Request]:
         """Finished requests that still hold KV in the batch (static batching's padding)."""
         return self.batching.held_rows
-
-    @property
-    def deferring(self) -> bool:
-        """Whether decode rows are kept out of the plans (defer_decodes)."""
-        return self._deferred is not None
-
-    @property
-    def deferred(self) -> DeferredDecodes | None:
-        """The deferred decode rows (defer_decodes); None when every row is listed."""
-        return self._deferred
-
-    def quiet_steps(self, limit: int) -> int:
-        """How many of the next steps (at most limit) only decode deferred rows, with nothing
-        happening but new KV blocks before the last (DeferredDecodes.quiet_steps); 0 while any
-        request waits."""
-        if self._deferred is None or self.waiting:
-            return 0
-        return self._deferred.quiet_steps(limit, self.block_manager.num_free_blocks)
-
-    def finish_deferred(self, finished: list[Request], now: float) -> None:
-        """Finish the deferred rows a quiet step (sim.coast) that ended at `now` brought to
-        max_new_tokens (DeferredDecodes.update returned them), as update would."""
-        for request in finished:
-            self._finish(request, FinishReason.LENGTH, now)
-            self.running.remove(request)
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -169,7 +132,7 @@ class Scheduler:
         """Schedule the running requests from the step's token budget, in running order
         (sim.plan.add_running); on_demand: find KV as sequences grow, evicting when the
         pool is short. Returns the budget left."""
-        deferred = self._deferred
+        deferred = self.deferred
         make_room = self._make_room if on_demand else None
         if deferred:
             budget = self._budget - deferred.schedule(plan, self.block_manager.try_allocate,
@@ -201,8 +164,8 @@ class Scheduler:
             running.pop()
         else:
             running.remove(victim)
-        if self._deferred:  # a deferred row catches up (and leaves this step's totals)
-            self._deferred.leave(victim, plan)
+        if self.deferred:  # a deferred row catches up (and leaves this step's totals)
+            self.deferred.leave(victim, plan)
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
@@ -262,8 +225,8 @@ class Scheduler:
             request.first_scheduled_s = now
             request.num_cached_tokens = hit
         self.waiting.place(self.running, request)
-        if self._deferred:
-            self._deferred.started(request)
+        if self.deferred:
+            self.deferred.started(request)
         plan.admitted.append(request.request_id)
 
     def _preempt_for(self, request: Request, plan: BatchPlan, now: float) -> bool:
@@ -291,7 +254,7 @@ class Scheduler:
         hold = self._hold
         block_size = self.block_manager.block_size
         cache_blocks = self.block_manager.cache_blocks if self._caching else None
-        deferred = self._deferred
+        deferred = self.deferred
         if deferred:  # its rows come first, as decodes do in a plan
             if sampled is not None:
                 raise RuntimeError("deferred decodes need a backend that samples no tokens")
@@ -346,8 +309,8 @@ class Scheduler:
         request.finish_s = now
         self._live.pop(request.request_id, None)
         self.waiting.forget(request)
-        if self._deferred:
-            self._deferred.leave(request)
+        if self.deferred:
+            self.deferred.leave(request)
         if self.block_manager.holds(request.request_id) and not (
                 self.keep_finished_kv and reason in (FinishReason.LENGTH, FinishReason.STOP)):
             self.block_manager.free(request.request_id)
