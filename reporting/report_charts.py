@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from reporting.charts import DPI
-from sim.engine import StepRecord
 from sim.simulation import RunResult
+from sim.step_log import FIELDS, step_array
 
 # (summary key, panel title, unit, scale) of the static-vs-continuous panels.
 _BATCHING_PANELS = (
@@ -85,8 +85,8 @@ def token_gaps(runs: dict[str, RunResult], watch: list[str], long_id: str, findi
 
 
 def _steps(run: RunResult) -> dict[str, np.ndarray]:
-    table = np.asarray(run.steps, dtype=float).reshape(-1, len(StepRecord._fields))
-    return {name: table[:, i] for i, name in enumerate(StepRecord._fields)}
+    table = step_array(run.steps)
+    return {name: table[:, i] for i, name in enumerate(FIELDS)}
 
 
 def starvation(runs: dict[str, dict[str, RunResult]], summaries: dict[str, dict[str, dict]],

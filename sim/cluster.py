@@ -19,7 +19,7 @@ import simpy
 from sim.cluster_config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.coast import QuietRun
 from sim.core import Request, request_overhead_s
-from sim.engine import Engine, StepRecord
+from sim.engine import Engine, StepLog
 from sim.router import ReplicaLoad, Router
 from sim.simulation import RunResult, StalledError, collector_paused
 
@@ -40,7 +40,7 @@ class ClusterResult:
     def run_result(self) -> RunResult:
         """The whole cluster as one run: the summary keys keep their single-engine meaning,
         step statistics pool every engine's steps."""
-        steps: list[StepRecord] = [s for engine in self.engines for s in engine.steps]
+        steps = StepLog.concat(engine.steps for engine in self.engines)
         config = self.engines[0].scheduler.config
         return RunResult(
             requests=self.requests, steps=steps,

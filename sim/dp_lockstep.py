@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.core import BatchPlan, Request, StepResult
-from sim.engine import Engine
+from sim.engine import Engine, StepLog
 from sim.gpu_cost import GpuCostModel
 from sim.simulation import RunResult, StalledError
 
@@ -50,7 +50,7 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                 engine.finish_step(plan, result, now)
         now += result.duration_s
     config = engines[0].scheduler.config
-    return RunResult(list(requests), [s for e in engines for s in e.steps],
+    return RunResult(list(requests), StepLog.concat(e.steps for e in engines),
                      sum(e.scheduler.num_preemptions for e in engines), config.num_blocks,
                      config.max_num_seqs)
 

@@ -3,41 +3,22 @@
 `Engine.step` is the step of the simulator, the cluster, the measured run and the HTTP
 server's engine thread; they differ only in the `wait` they pass, that is, in how they let
 a step's time pass. `Engine.quiet_steps` applies steps of a run priced at once (sim.coast).
-They are the only places a StepRecord is made.
+They are the only places a step is recorded (sim.step_log).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import accumulate
-from typing import Any, NamedTuple
+from typing import Any
 
 from sim.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
 from sim.scheduler import Scheduler
+from sim.step_log import StepLog, StepRecord, pack
 
+__all__ = ["Engine", "StepLog", "StepRecord", "Wait", "run_now"]
 
-class StepRecord(NamedTuple):
-    """One executed step, as the per-step table and the timeline chart read it."""
-
-    start_s: float  # when the step began
-    duration_s: float  # how long it took (predicted or measured)
-    batch_size: int  # rows in the forward, padding included
-    num_tokens: int  # tokens computed, padding included
-    prefill_tokens: int  # prompt/recompute chunk tokens
-    decode_seqs: int  # one-token rows, padding included
-    padding_rows: int  # static batching: finished rows still computed
-    kv_blocks_used: int  # after the step's retirements
-    num_waiting: int  # queue length after the step
-    num_running: int  # running requests after the step
-    num_preempted: int  # evictions decided for this step
-
-
-# A record from the tuple of its fields, without NamedTuple's Python-level __new__ (the
-# replays make one per step). Every call passes a tuple of local variables named as the
-# fields, in their order (tests/sim/test_engine_records.py reads the source to hold that).
-_step_record = partial(tuple.__new__, StepRecord)
 
 # How a driver lets a step's time pass, given the step's start and duration: the event its
 # event loop waits on before the step is applied (a SimPy timeout), or None to apply it at
@@ -55,7 +36,7 @@ class Engine:
 
     scheduler: Scheduler
     backend: Backend
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: StepLog = field(default_factory=StepLog)
     # The backend's PricesDecodeRuns.decode_steps_s, None without it (quiet runs price
     # their steps with it: resolved once, not per run).
     decode_run_price: Callable[[int, int, int], list[float]] | None = field(init=False)
@@ -117,9 +98,9 @@ class Engine:
         kv_blocks_used = scheduler.block_manager.num_used_blocks
         num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
         num_preempted = len(plan.preempted)
-        self.steps.append(_step_record((
+        self.steps.add_packed(pack(
             start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted)))
+            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
         return finished
 
     def quiet_steps(self, start_s: float, durations: list[float], first: int, last: int,
@@ -140,7 +121,7 @@ class Engine:
                 first += count
                 count = min(last - first, deferred.steps_before_event() + 1)
         allocate, try_allocate = deferred.allocate, bm.try_allocate
-        update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.append
+        update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.add_packed
         batch_size = decode_seqs = num_tokens = len(deferred.rows)
         prefill_tokens = padding_rows = num_preempted = 0
         for j in range(first, last):
@@ -155,9 +136,9 @@ class Engine:
                     self.backend.free(request)
             kv_blocks_used = bm.num_used_blocks
             num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
-            record(_step_record((
+            record(pack(
                 start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-                padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted)))
+                padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
             start_s = end_s
             if on_step is not None:
                 on_step(end_s, finished)
@@ -189,11 +170,12 @@ class Engine:
             for request in finished:
                 self.backend.free(request)
             used[-1], running[-1] = bm.num_used_blocks, len(scheduler.running)
-        self.steps.extend(_step_record((
-            start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-            padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
-            for start_s, duration_s, kv_blocks_used, num_running in zip(
-                starts, durations[first:last], used, running, strict=True))
+        record = self.steps.add_packed
+        for start_s, duration_s, kv_blocks_used, num_running in zip(
+                starts, durations[first:last], used, running, strict=True):
+            record(pack(
+                start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
+                padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
         return end_s
 
     def begin_quiet_step(self) -> None:

@@ -15,9 +15,9 @@ import pandas as pd
 
 from sim.cluster import ClusterResult
 from sim.core import FinishReason, Request
-from sim.engine import StepRecord
 from sim.queues import FAIR_INPUT_WEIGHT, FAIR_OUTPUT_WEIGHT
 from sim.simulation import RunResult
+from sim.step_log import FIELDS, StepLog, step_array
 
 PERCENTILES = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -66,9 +66,10 @@ def request_table(requests: list[Request]) -> pd.DataFrame:
     return table
 
 
-def step_table(steps: list[tuple]) -> pd.DataFrame:
-    """One row per engine step (the fields of StepRecord)."""
-    return pd.DataFrame.from_records(steps, columns=list(StepRecord._fields))
+def step_table(steps: StepLog | list[tuple]) -> pd.DataFrame:
+    """One row per engine step (the fields of StepRecord: two times, then integer counts)."""
+    table = pd.DataFrame(step_array(steps), columns=list(FIELDS))
+    return table.astype({name: np.int64 for name in FIELDS[2:]})
 
 
 def inter_token_latencies_ms(requests: list[Request]) -> np.ndarray:
@@ -148,11 +149,8 @@ def _step_summary(result: RunResult) -> dict:
     if not result.steps:
         return {"preemptions": result.num_preemptions, "num_steps": 0, "mean_batch_size": 0.0,
                 "max_batch_size": 0, "mean_kv_usage": 0.0, "slot_utilization": 0.0}
-    width = len(StepRecord._fields)
-    flat = np.fromiter(itertools.chain.from_iterable(result.steps), dtype=float,
-                       count=width * len(result.steps))
-    steps = flat.reshape(-1, width)
-    col = {name: i for i, name in enumerate(StepRecord._fields)}
+    steps = step_array(result.steps)
+    col = {name: i for i, name in enumerate(FIELDS)}
     duration = steps[:, col["duration_s"]]
     batch = steps[:, col["batch_size"]]
     busy_s = duration.sum()
@@ -186,7 +184,7 @@ def replica_table(cluster: ClusterResult) -> pd.DataFrame:
         queries = scheduler.prefix_cache_queries
         rows.append({
             "replica": index, "role": role, "requests": len(served),
-            "busy_frac": sum(s.duration_s for s in engine.steps) / span_s,
+            "busy_frac": sum(engine.steps.column("duration_s")) / span_s,
             "num_steps": step_stats["num_steps"],
             "mean_batch_size": step_stats["mean_batch_size"],
             "mean_kv_usage": step_stats["mean_kv_usage"],

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from sim.closed_loop import ClosedLoop, closed_loop, run_closed_cluster, run_closed_trace
 from sim.cluster import ClusterConfig, ClusterResult, run_cluster
 from sim.core import Backend, Request
-from sim.engine import Engine
+from sim.engine import Engine, StepLog
 from sim.metrics import (
     Slo,
     inter_token_latencies_ms,
@@ -114,7 +114,7 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
     except VerdictReached as stop:
         return RunResult(
             requests=[r for r in requests if r.arrival_s <= stop.stopped_s],
-            steps=[s for e in engines for s in e.steps],
+            steps=StepLog.concat(e.steps for e in engines),
             num_preemptions=sum(e.scheduler.num_preemptions for e in engines),
             num_blocks=config.num_blocks, max_num_seqs=config.max_num_seqs,
             stopped_s=stop.stopped_s), None

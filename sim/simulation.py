@@ -17,7 +17,8 @@ import simpy
 
 from sim.coast import QuietRun
 from sim.core import Request, request_overhead_s
-from sim.engine import Engine, StepRecord
+from sim.engine import Engine
+from sim.step_log import StepLog
 
 
 class StalledError(RuntimeError):
@@ -29,7 +30,7 @@ class RunResult:
     """Every request (finished, rejected or not) and the engine's per-step records."""
 
     requests: list[Request]
-    steps: list[StepRecord]
+    steps: StepLog  # (or a list of StepRecord)
     num_preemptions: int
     num_blocks: int
     max_num_seqs: int
@@ -43,9 +44,9 @@ def collector_paused() -> Iterator[None]:
     """No cyclic garbage collection while a replay runs. None of the objects that exist before
     it (the trace's requests, their lists) becomes garbage during it, and what it creates is
     freed by reference counting (a 30,000-request cluster replay leaves about 200 objects in
-    cycles, collected after it). What it keeps is what every collector pass would scan again:
-    one StepRecord per engine step, a tuple subclass the collector never stops tracking, so
-    the passes grew with the run (15% of a 300,000-request cluster replay)."""
+    cycles, collected after it). What it keeps is what every collector pass would scan again
+    (each request's token times, a list per request), so the passes grew with the run (15% of
+    a 300,000-request cluster replay when step records were objects too)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
