@@ -48,7 +48,7 @@ def _record(row: Sequence[float]) -> StepRecord:
 
 class StepLog(Sequence[StepRecord]):
     """Step records in the order they were added (`add`: one step's fields in StepRecord's
-    order; `add_all`: several)."""
+    order; `add_packed`: the same, packed by `pack`)."""
 
     __slots__ = ("_buf", "add_packed")
 
@@ -112,11 +112,13 @@ class StepLog(Sequence[StepRecord]):
 
     def column(self, name: str) -> list[float]:
         """One field of every step, in order (as floats)."""
-        return self.table()[:, FIELDS.index(name)].tolist()
+        return np.frombuffer(bytes(self._buf), dtype=float)[FIELDS.index(name)::WIDTH].tolist()
 
     def table(self) -> np.ndarray:
-        """Every step as a row of a (steps x fields) float array: a copy."""
-        return np.frombuffer(self._buf, dtype=float).reshape(-1, WIDTH).copy()
+        """Every step as a row of a (steps x fields) float array: a copy. (Read from a
+        snapshot taken in one call: the buffer is never exported while the engine may grow
+        it, which a live export forbids.)"""
+        return np.frombuffer(bytes(self._buf), dtype=float).reshape(-1, WIDTH).copy()
 
 
 def step_array(steps: Sequence[Sequence[float]]) -> np.ndarray:
