@@ -2,9 +2,9 @@
 
 A replay makes one record per engine step, millions in a large one. As tuple objects (each
 with float and int objects of its own) they took 350 MB more at a million requests over 32
-replicas, and every later allocation of the replay came after them. The log keeps each step's fields packed as doubles in one buffer (every field is exact in
-one: two times, then counts far below 2**53), hands the whole table to numpy in one copy, and
-makes a StepRecord only for the one read. The engine records a step with
+replicas. The log keeps each step's fields packed as doubles in one buffer (every field is
+exact in one: two times, then counts far below 2**53), hands the whole table to numpy in one
+copy, and makes a StepRecord only for the one read. The engine records a step with
 `log.add_packed(pack(*fields))`: two calls into C, no object kept.
 """
 
