@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,7 +15,7 @@ from sim.engine import Engine
 from sim.metrics import step_table, summarize
 from sim.router import RouterConfig
 from sim.scheduler import Scheduler, SchedulerConfig
-from sim.step_log import FIELDS, StepLog, StepRecord, step_array
+from sim.step_log import FIELDS, StepLog, StepRecord, pack, step_array
 
 RECORDS = [StepRecord(0.1 * i + 1e-9, 0.0213 + i / 7, i, 3 * i, 2 * i, i, 0, 2**40 + i, 5, 7, i % 2)
            for i in range(6)]
@@ -79,3 +81,11 @@ def test_a_cluster_run_summarises_as_from_the_records():
     from_records = type(result)(result.requests, records, result.num_preemptions,
                                 result.num_blocks, result.max_num_seqs)
     assert summarize(result) == summarize(from_records)
+
+
+def test_a_log_sent_between_processes_keeps_growing_its_own_buffer():
+    """Sweep and plan workers return logs by pickle: the copy's add_packed must write into the
+    copy, not into a buffer nobody reads."""
+    copy = pickle.loads(pickle.dumps(StepLog(RECORDS[:2])))
+    copy.add_packed(pack(*RECORDS[2]))
+    assert copy == RECORDS[:3]
