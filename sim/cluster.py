@@ -19,9 +19,10 @@ import simpy
 from sim.cluster_config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.coast import QuietRun
 from sim.core import Request, request_overhead_s
-from sim.engine import Engine, StepLog
+from sim.engine import Engine
 from sim.router import ReplicaLoad, Router
 from sim.simulation import RunResult, StalledError, collector_paused
+from sim.step_log import StepLog
 
 # The config lives beside the replay (sim.cluster_config), imported from here.
 __all__ = ["DEFAULT_KV_LINK_GBPS", "ClusterConfig", "ClusterResult", "run_cluster",

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.core import BatchPlan, Request, StepResult
-from sim.engine import Engine, StepLog
+from sim.engine import Engine
 from sim.gpu_cost import GpuCostModel
 from sim.simulation import RunResult, StalledError
+from sim.step_log import StepLog
 
 DUMMY_BATCH = BatchPlan(decode_seqs=1, decode_context=1)  # an idle rank's forward
 

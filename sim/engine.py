@@ -17,7 +17,7 @@ from sim.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, 
 from sim.scheduler import Scheduler
 from sim.step_log import StepLog, StepRecord, pack
 
-__all__ = ["Engine", "StepLog", "StepRecord", "Wait", "run_now"]
+__all__ = ["Engine", "StepRecord", "Wait", "run_now"]  # (StepRecord: its home is sim.step_log)
 
 
 # How a driver lets a step's time pass, given the step's start and duration: the event its

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from sim.closed_loop import ClosedLoop, closed_loop, run_closed_cluster, run_closed_trace
 from sim.cluster import ClusterConfig, ClusterResult, run_cluster
 from sim.core import Backend, Request
-from sim.engine import Engine, StepLog
+from sim.engine import Engine
 from sim.metrics import (
     Slo,
     inter_token_latencies_ms,
@@ -29,6 +29,7 @@ from sim.metrics import (
 )
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.simulation import RunResult, run_trace
+from sim.step_log import StepLog
 from sim.verdict import VerdictReached
 from sim.workload import requests_from_trace
 from workloads.trace import Trace
