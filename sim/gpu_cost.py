@@ -196,6 +196,8 @@ class GpuCostModel:
         s, tp = self.shapes, self.tensor_parallel
         count = 2 + 2 + (1 if s.rope else 0) + (1 if s.qk_norm else 0)  # QKV, O, norms
         count += 5 if s.is_moe else 3  # router, top-k, 2 expert GEMMs, act | up, act, down
+        if s.shared_expert_intermediate_size:  # its up, act, down, gate and gated add
+            count += 5
         count += 2 if tp > 1 else 0  # the two all-reduces
         if not s.fused_add_norm:  # separate residual adds, and biases added after the
             count += 2 + (2 if tp > 1 else 0)  # row-parallel all-reduces
@@ -235,16 +237,32 @@ class GpuCostModel:
         return head + t.sampler_floor_s + t.sampler_per_row_s * rows + 6 * self._kernel_s
 
     def mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
-        """One layer's MLP: dense SwiGLU/GELU, or routed experts by tokens per expert; under
-        expert parallelism the experts see `group_tokens` from every rank (default: every
-        rank has as many as this one)."""
+        """One layer's MLP, averaged over the model's layers: dense, or (MoE layers) routed
+        experts by tokens per expert and any shared expert; under expert parallelism the
+        experts see `group_tokens` from every rank (default: every rank has as many as this
+        one)."""
+        s = self.shapes
+        if not s.is_moe:
+            return self._dense_mlp_s(tokens, s.intermediate_size // self.tensor_parallel)
+        moe = self.moe_mlp_s(tokens, group_tokens)
+        dense = s.num_dense_layers
+        if not dense:
+            return moe
+        dense_s = self._dense_mlp_s(tokens, s.intermediate_size // self.tensor_parallel)
+        return (s.num_moe_layers * moe + dense * dense_s) / s.num_layers
+
+    def _dense_mlp_s(self, tokens: int, inter: int) -> float:
+        """A dense SwiGLU/GELU MLP `inter` wide on this GPU."""
+        s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
+        gates = 2 if s.gated_mlp else 1
+        return (self._gemm(tokens, h, gates * inter) + self._gemm(tokens, inter, h)
+                + self._small((gates + 1) * tokens * inter * b))
+
+    def moe_mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
+        """One MoE layer's MLP: the routed experts, the router and, where the model has one,
+        the shared expert every token passes through (split over tp, as vLLM shards it)."""
         s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
         h = s.hidden_size
-        if not s.is_moe:
-            inter = s.intermediate_size // tp
-            gates = 2 if s.gated_mlp else 1
-            return (self._gemm(tokens, h, gates * inter) + self._gemm(tokens, inter, h)
-                    + self._small((gates + 1) * tokens * inter * b))
         ep, k, experts = self.expert_parallel, s.experts_per_token, s.num_experts
         # Expert parallel keeps each expert whole on one GPU; otherwise tp splits each.
         inter = s.moe_intermediate_size // (tp if ep == 1 else 1)
@@ -259,7 +277,12 @@ class GpuCostModel:
         # Expert parallelism: all-gather the ranks' tokens, reduce-scatter the outputs (the
         # bytes of one all-reduce of every rank's [tokens, hidden]).
         exchange_s = t.allreduce_s(group * h * b, ep) if ep > 1 else 0.0
-        return experts_s + router_s + act_s + exchange_s
+        out = experts_s + router_s + act_s + exchange_s
+        shared = s.shared_expert_intermediate_size
+        if shared:  # the rank's own tokens: its MLP, its one-output gate, the gated add
+            out += (self._dense_mlp_s(tokens, shared // tp) + self._gemm(tokens, h, 1)
+                    + self._small(3 * tokens * h * b))
+        return out
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Backend protocol: the predicted duration, no sampled tokens."""

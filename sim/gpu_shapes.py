@@ -34,6 +34,10 @@ class LayerShapes:
     num_experts: int = 0  # routed experts per MoE layer; 0: a dense model
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
+    # An always-on expert beside the routed ones (Qwen2-MoE: a gated MLP this wide, and a
+    # one-output gate that scales it); 0: none.
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0  # layers of an MoE model with a dense MLP instead of experts
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -43,23 +47,34 @@ class LayerShapes:
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"model {self.name}: experts_per_token must be in "
                              f"[1, num_experts={self.num_experts}]")
-        if not self.num_experts and self.intermediate_size < 1:
-            raise ValueError(f"model {self.name}: a dense model needs intermediate_size >= 1")
+        if (not self.num_experts or self.num_dense_layers) and self.intermediate_size < 1:
+            raise ValueError(f"model {self.name}: a dense MLP needs intermediate_size >= 1")
+        if self.shared_expert_intermediate_size < 0:
+            raise ValueError(f"model {self.name}: shared_expert_intermediate_size must be >= 0")
+        if self.num_dense_layers and not (self.num_experts
+                                          and 0 < self.num_dense_layers < self.num_layers):
+            raise ValueError(f"model {self.name}: num_dense_layers must be in "
+                             f"[0, num_layers={self.num_layers}) of an MoE model")
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.num_experts else 0
+
     @classmethod
     def from_model_spec(cls, spec: ModelSpec) -> LayerShapes:
-        """The shapes of a servelab ModelSpec (shared experts and dense layers of MoE models
-        are not priced apart: every layer counts as routed)."""
+        """The shapes of a servelab ModelSpec."""
         head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
         return cls(spec.name, spec.num_layers, spec.hidden_size, spec.num_heads,
                    spec.num_kv_heads, head_dim, spec.intermediate_size, spec.vocab_size,
                    gated_mlp=spec.hidden_act in ("silu", "swiglu"), qk_norm=spec.qk_norm,
                    num_experts=spec.num_experts, experts_per_token=spec.num_experts_per_tok,
-                   moe_intermediate_size=spec.moe_intermediate_size)
+                   moe_intermediate_size=spec.moe_intermediate_size,
+                   shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
+                   num_dense_layers=spec.num_dense_layers)
 
 
 @dataclass(frozen=True)

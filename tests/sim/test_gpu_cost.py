@@ -8,8 +8,9 @@ import pytest
 
 from sim.core import BatchPlan
 from sim.gpu_cost import EngineOverhead, GpuCostModel, coverage, load_engine
-from sim.gpu_shapes import known_gpu, known_shapes
+from sim.gpu_shapes import LayerShapes, known_gpu, known_shapes
 from sim.gpu_terms import load_terms
+from sim.model_config import resolve_model
 
 GPUS = ("a100-80gb", "h100", "rtx-4090", "rtx-pro-6000", "h200")
 
@@ -135,3 +136,55 @@ def test_measured_all_reduces_replace_the_scaled_curve():
     assert own.allreduce_s(1e6, 2) == pytest.approx(4e-5 + 1e6 / 1.6e10)
     assert own.allreduce_s(1e6, 2) > terms.allreduce_s(1e6, 2)
     assert own.gemm_eff_compute == terms.gemm_eff_compute
+
+
+def _shapes(hf_id: str, **changes) -> LayerShapes:
+    return replace(LayerShapes.from_model_spec(resolve_model(hf_id)), **changes)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_a_shared_expert_costs_a_dense_mlp_of_its_width_beside_the_routed_ones(tp):
+    """Qwen2-MoE's always-on expert is a gated MLP every token runs through: an MoE layer
+    costs its routed experts plus what a dense MLP that wide costs (and a one-output gate)."""
+    shapes = _shapes("Qwen/Qwen2-57B-A14B")
+    width = shapes.shared_expert_intermediate_size
+    routed = _shapes("Qwen/Qwen2-57B-A14B", shared_expert_intermediate_size=0)
+    dense = _shapes("Qwen/Qwen2-57B-A14B", num_experts=0, experts_per_token=0,
+                    moe_intermediate_size=0, shared_expert_intermediate_size=0,
+                    intermediate_size=width)
+    gpu, engine = known_gpu("h100"), load_engine("vllm")
+    with_shared, without, mlp = (GpuCostModel(s, gpu, engine, tensor_parallel=tp)
+                                 for s in (shapes, routed, dense))
+    for tokens in (1, 16, 256, 2048):
+        extra = with_shared.mlp_s(tokens) - without.mlp_s(tokens)
+        assert mlp.mlp_s(tokens) < extra < 1.2 * mlp.mlp_s(tokens)
+
+
+def test_a_one_row_decode_reads_every_active_weight_at_least_once():
+    """A decode step of one row reads the weights its token uses, shared expert included:
+    no faster than those bytes over the datasheet bandwidth."""
+    for hf_id in ("Qwen/Qwen2-57B-A14B", "Qwen/Qwen1.5-MoE-A2.7B", "Qwen/Qwen3-30B-A3B",
+                  "mistralai/Mixtral-8x7B-v0.1"):
+        spec = resolve_model(hf_id)
+        gpu = known_gpu("h100")
+        model = GpuCostModel(LayerShapes.from_model_spec(spec), gpu, load_engine("vllm"))
+        # The embedding table is gathered (one row), not read whole.
+        read = (spec.num_active_params - spec.vocab_size * spec.hidden_size) * 2
+        assert model.predict(_decode(1, 16)) > read / gpu.mem_bandwidth_bytes_s, hf_id
+
+
+def test_dense_layers_of_an_moe_model_cost_the_dense_mlp():
+    """Layers an MoE config keeps dense (mlp_only_layers, first_k_dense_replace) price the
+    dense MLP; the rest price experts: the model's MLP time is the sum of the two kinds."""
+    gpu, engine = known_gpu("h100"), load_engine("vllm")
+    layers, kept = 48, 6
+    mixed = _shapes("Qwen/Qwen3-30B-A3B", num_dense_layers=kept)
+    moe = _shapes("Qwen/Qwen3-30B-A3B")
+    dense = _shapes("Qwen/Qwen3-30B-A3B", num_experts=0, experts_per_token=0,
+                    moe_intermediate_size=0)
+    priced = [GpuCostModel(s, gpu, engine, tensor_parallel=2) for s in (mixed, moe, dense)]
+    for tokens in (1, 64, 2048):
+        mixed_s, moe_s, dense_s = (layers * m.mlp_s(tokens) for m in priced)
+        assert mixed_s == pytest.approx(((layers - kept) * moe_s + kept * dense_s) / layers)
+    with pytest.raises(ValueError, match="num_dense_layers"):
+        replace(moe, num_dense_layers=layers)

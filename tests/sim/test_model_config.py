@@ -37,6 +37,9 @@ PUBLISHED_PARAMS = {
     "Qwen/Qwen3-30B-A3B": 30_532_122_624,
     "Qwen/Qwen3-30B-A3B-Instruct-2507": 30_532_122_624,
     "Qwen/Qwen3-235B-A22B": 235_093_634_560,
+    # Qwen2-MoE, with a shared expert beside the routed ones (model cards: 14.3B, 57.4B).
+    "Qwen/Qwen1.5-MoE-A2.7B": 14_300_000_000,
+    "Qwen/Qwen2-57B-A14B": 57_400_000_000,
     "01-ai/Yi-34B": 34_388_917_248,
 }
 
@@ -50,6 +53,7 @@ KV_BYTES_BF16 = {
     "mistralai/Mixtral-8x7B-v0.1": 2 * 32 * 8 * 128 * 2,
     "Qwen/Qwen3-30B-A3B": 2 * 48 * 4 * 128 * 2,
     "Qwen/Qwen3-235B-A22B": 2 * 94 * 4 * 128 * 2,
+    "Qwen/Qwen2-57B-A14B": 2 * 28 * 4 * 128 * 2,
 }
 
 
