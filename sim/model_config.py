@@ -86,6 +86,12 @@ def load_config(path: Path) -> dict[str, Any]:
 
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec a Hugging Face config describes (text_config of a multimodal one)."""
+    quantized = config.get("quantization_config")
+    if quantized:  # weights of 8 bits or fewer: priced as 16-bit ones they would be wrong
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+        raise UnsupportedModelError(f"{name}: quantization_config (quant_method {method!r}: "
+                                    "quantized weights) is not supported by the cost model, "
+                                    "which prices 16-bit weights")
     config = config.get("text_config") or config
     _check_priced(config, name)
     model_type = config.get("model_type")

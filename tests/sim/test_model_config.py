@@ -26,11 +26,15 @@ PUBLISHED_PARAMS = {
     "meta-llama/Meta-Llama-3-70B": 70_553_706_496,
     "meta-llama/Llama-3.1-8B": 8_030_261_248,
     "meta-llama/Llama-3.1-70B": 70_553_706_496,
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
+    "meta-llama/Llama-3.1-70B-Instruct": 70_553_706_496,
     "meta-llama/Llama-3.3-70B-Instruct": 70_553_706_496,
     "mistralai/Mistral-7B-v0.3": 7_248_023_552,
+    "mistralai/Mistral-Nemo-Instruct-2407": 12_247_782_400,
     "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
     "mistralai/Mixtral-8x22B-v0.1": 140_630_071_296,
     "Qwen/Qwen2.5-7B": 7_615_616_512,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
     "Qwen/Qwen2.5-72B": 72_706_203_648,
     "Qwen/Qwen3-8B": 8_190_735_360,
     "Qwen/Qwen3-32B": 32_762_123_264,
@@ -54,6 +58,7 @@ KV_BYTES_BF16 = {
     "Qwen/Qwen3-30B-A3B": 2 * 48 * 4 * 128 * 2,
     "Qwen/Qwen3-235B-A22B": 2 * 94 * 4 * 128 * 2,
     "Qwen/Qwen2-57B-A14B": 2 * 28 * 4 * 128 * 2,
+    "mistralai/Mistral-Nemo-Instruct-2407": 2 * 40 * 8 * 128 * 2,  # head_dim 128, not 160
 }
 
 
@@ -116,6 +121,8 @@ DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json, the fields that matter h
     ({"model_type": "qwen3_next", "kv_lora_rank": None, "q_lora_rank": None,
       "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
     ({"model_type": "gpt2", "kv_lora_rank": None, "q_lora_rank": None}, "model_type"),
+    ({"model_type": "llama", "kv_lora_rank": None, "q_lora_rank": None,
+      "quantization_config": {"quant_method": "fp8"}}, "quantization_config.*fp8"),
 ])
 def test_unpriced_mechanisms_are_refused_by_field_name(changes: dict, field: str) -> None:
     with pytest.raises(UnsupportedModelError, match=field):
