@@ -51,7 +51,7 @@ def _models(args: argparse.Namespace) -> int:
         for key, value in vars(spec).items():
             print(f"  {key:<34}{value}")
         return 0
-    print(f"{'model':<36}{'params B':>9}{'active B':>9}{'layers':>7}{'heads/kv':>9}"
+    print(f"{'model':<42}{'params B':>9}{'active B':>9}{'layers':>7}{'heads/kv':>9}"
           f"{'experts':>8}{'KV KiB/token':>13}")
     for spec in [*MODEL_SPECS.values(), *map(resolve_model, shipped_model_ids())]:
         print(_row(spec))
@@ -60,6 +60,6 @@ def _models(args: argparse.Namespace) -> int:
 
 def _row(spec: ModelSpec) -> str:
     experts = f"{spec.num_experts_per_tok}/{spec.num_experts}" if spec.is_moe else "-"
-    return (f"{spec.name:<36}{spec.num_params / 1e9:>9.2f}{spec.num_active_params / 1e9:>9.2f}"
+    return (f"{spec.name:<42}{spec.num_params / 1e9:>9.2f}{spec.num_active_params / 1e9:>9.2f}"
             f"{spec.num_layers:>7}{f'{spec.num_heads}/{spec.num_kv_heads}':>9}{experts:>8}"
             f"{spec.kv_bytes_per_token(2) / 1024:>13.0f}")

@@ -169,6 +169,9 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
     priced, pricing = _pricing(options.cost, cost, model, hardware, parallel)
+    if model.attention_chunk_size:  # (sim.model_specs: an upper bound past one chunk)
+        pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
+                    "as full attention (exact while a sequence fits one chunk)")
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}")

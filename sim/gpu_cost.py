@@ -196,8 +196,8 @@ class GpuCostModel:
         s, tp = self.shapes, self.tensor_parallel
         count = 2 + 2 + (1 if s.rope else 0) + (1 if s.qk_norm else 0)  # QKV, O, norms
         count += 5 if s.is_moe else 3  # router, top-k, 2 expert GEMMs, act | up, act, down
-        if s.shared_expert_intermediate_size:  # its up, act, down, gate and gated add
-            count += 5
+        if s.shared_expert_intermediate_size:  # its up, act, down (gate, gated add)
+            count += 5 if s.shared_expert_gate else 3
         count += 2 if tp > 1 else 0  # the two all-reduces
         if not s.fused_add_norm:  # separate residual adds, and biases added after the
             count += 2 + (2 if tp > 1 else 0)  # row-parallel all-reduces
@@ -279,9 +279,10 @@ class GpuCostModel:
         exchange_s = t.allreduce_s(group * h * b, ep) if ep > 1 else 0.0
         out = experts_s + router_s + act_s + exchange_s
         shared = s.shared_expert_intermediate_size
-        if shared:  # the rank's own tokens: its MLP, its one-output gate, the gated add
-            out += (self._dense_mlp_s(tokens, shared // tp) + self._gemm(tokens, h, 1)
-                    + self._small(3 * tokens * h * b))
+        if shared:  # the rank's own tokens through it, and its one-output gate if any
+            out += self._dense_mlp_s(tokens, shared // tp)
+            if s.shared_expert_gate:  # the gate's GEMV and the gated add
+                out += self._gemm(tokens, h, 1) + self._small(3 * tokens * h * b)
         return out
 
     def execute(self, plan: BatchPlan) -> StepResult:

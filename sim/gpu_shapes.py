@@ -38,6 +38,7 @@ class LayerShapes:
     # one-output gate that scales it); 0: none.
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0  # layers of an MoE model with a dense MLP instead of experts
+    shared_expert_gate: bool = True  # the shared expert's output scaled by a gate (Qwen2-MoE)
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -74,7 +75,8 @@ class LayerShapes:
                    num_experts=spec.num_experts, experts_per_token=spec.num_experts_per_tok,
                    moe_intermediate_size=spec.moe_intermediate_size,
                    shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
-                   num_dense_layers=spec.num_dense_layers)
+                   num_dense_layers=spec.num_dense_layers,
+                   shared_expert_gate=spec.shared_expert_gate)
 
 
 @dataclass(frozen=True)

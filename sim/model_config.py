@@ -19,8 +19,9 @@ MODELS_DIR = Path(__file__).parent / "models"
 
 # model_type values whose layers are priced: decoder blocks of RoPE attention with GQA and
 # a gated MLP, or that MLP replaced by routed experts.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_moe", "yi")
+SUPPORTED_MODEL_TYPES = ("llama", "llama4", "llama4_text", "mistral", "mixtral", "qwen2",
+                         "qwen2_moe", "qwen3", "qwen3_moe", "yi")
+LLAMA4_TYPES = ("llama4", "llama4_text")
 
 # Fields whose presence (with a value that turns the mechanism on) names a mechanism the
 # cost model does not price, with the words the error uses.
@@ -93,17 +94,20 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
                                     "quantized weights) is not supported by the cost model, "
                                     "which prices 16-bit weights")
     config = config.get("text_config") or config
-    _check_priced(config, name)
     model_type = config.get("model_type")
+    _check_priced(config, name, model_type)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(f"{name}: model_type {model_type!r} is not priced; "
                                     f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     try:
         heads = int(config["num_attention_heads"])
         layers = int(config["num_hidden_layers"])
+        # Llama 4 names its expert width intermediate_size and its dense MLP's apart.
+        dense_width = config["intermediate_size_mlp" if model_type in LLAMA4_TYPES
+                             else "intermediate_size"]
         return ModelSpec(
             name=name, hidden_size=int(config["hidden_size"]),
-            intermediate_size=int(config["intermediate_size"]), num_layers=layers,
+            intermediate_size=int(dense_width), num_layers=layers,
             num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
             vocab_size=int(config["vocab_size"]),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
@@ -113,8 +117,10 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             qkv_bias=model_type in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias")),
             head_dim=int(config.get("head_dim") or 0),
             hidden_act=str(config.get("hidden_act", "silu")),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            **_experts(config, layers),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),  # (Llama 4's L2 norm has no weights)
+            attention_chunk_size=int(config.get("attention_chunk_size") or 0),
+            **(_llama4_experts(config, layers) if model_type in LLAMA4_TYPES
+               else _experts(config, layers)),
         )
     except KeyError as missing:
         raise ValueError(f"{name}: config.json lacks {missing.args[0]}") from None
@@ -122,9 +128,12 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
         raise ValueError(f"{name}: config.json: {error}") from None
 
 
-def _check_priced(config: dict[str, Any], name: str) -> None:
+def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> None:
     """Raise UnsupportedModelError naming the first field of a mechanism not priced."""
     for key, mechanism in _UNPRICED_FIELDS:
+        # Llama 4's chunks (8,192 tokens) are priced as full attention, said where it runs.
+        if key == "attention_chunk_size" and model_type in LLAMA4_TYPES:
+            continue
         if config.get(key):
             raise UnsupportedModelError(f"{name}: {key} ({mechanism}) is not supported by "
                                         "the cost model")
@@ -139,6 +148,26 @@ def _check_priced(config: dict[str, Any], name: str) -> None:
     if window and uses_window and int(window) < int(max_pos):
         raise UnsupportedModelError(f"{name}: sliding_window={window} (sliding-window "
                                     "attention) is not supported by the cost model")
+
+
+def _llama4_experts(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The ModelSpec expert fields of a Llama 4 config: every MoE layer has a shared expert
+    as wide as its routed ones (no gate); the others keep the dense MLP."""
+    experts = int(config.get("num_local_experts") or 0)
+    if not experts:
+        return {}
+    step = int(config.get("interleave_moe_layer_step") or 1)
+    moe = config.get("moe_layers")
+    moe = set(moe) if moe else set(range(step - 1, layers, step))
+    width = int(config["intermediate_size"])
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": int(config["num_experts_per_tok"]),
+        "moe_intermediate_size": width,
+        "shared_expert_intermediate_size": width,
+        "shared_expert_gate": False,
+        "num_dense_layers": layers - len(moe & set(range(layers))),
+    }
 
 
 def _experts(config: dict[str, Any], layers: int) -> dict[str, int]:

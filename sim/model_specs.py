@@ -43,6 +43,11 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0  # layers of an MoE model that keep a dense MLP
+    # Qwen2-MoE scales its shared expert by a one-output gate; Llama 4 adds it as it is.
+    shared_expert_gate: bool = True
+    # Llama 4: attention local to chunks of this many tokens in its RoPE layers (0: none).
+    # Priced as full attention: exact while a sequence fits one chunk, above it beyond.
+    attention_chunk_size: int = 0
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -104,7 +109,8 @@ class ModelSpec:
     def moe_dense_params(self) -> int:
         """One MoE layer's weights every token uses: the router and the shared expert."""
         shared = self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
-        shared_gate = self.hidden_size if self.shared_expert_intermediate_size else 0
+        shared_gate = (self.hidden_size if self.shared_expert_intermediate_size
+                       and self.shared_expert_gate else 0)
         return self.num_experts * self.hidden_size + shared + shared_gate
 
     @property

@@ -160,3 +160,12 @@ def test_expert_parallel_holds_a_share_of_experts_and_pays_the_exchange() -> Non
     plan = BatchPlan()
     plan.decode_seqs, plan.decode_context, plan.num_sampled = 8, 8000, 8
     assert ep.predict(plan) > 0 and ep._comm_s_per_token > 0 == alone._comm_s_per_token
+
+
+def test_llama4_chunked_attention_is_priced_as_full_and_said_so() -> None:
+    """Llama 4's RoPE layers attend within 8,192-token chunks: priced as full attention,
+    which is exact while a sequence fits one chunk, and the deployment line says so."""
+    deployment = build_deployment(DeploymentOptions(
+        model="meta-llama/Llama-4-Scout-17B-16E-Instruct", hardware="h200", tensor_parallel=2))
+    assert "8192-token chunks priced as full attention" in deployment.description
+    assert "chunks" not in build_deployment(DeploymentOptions()).description

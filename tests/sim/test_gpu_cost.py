@@ -143,28 +143,32 @@ def _shapes(hf_id: str, **changes) -> LayerShapes:
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_a_shared_expert_costs_a_dense_mlp_of_its_width_beside_the_routed_ones(tp):
-    """Qwen2-MoE's always-on expert is a gated MLP every token runs through: an MoE layer
-    costs its routed experts plus what a dense MLP that wide costs (and a one-output gate)."""
-    shapes = _shapes("Qwen/Qwen2-57B-A14B")
+@pytest.mark.parametrize("hf_id", ["Qwen/Qwen2-57B-A14B", "meta-llama/Llama-4-Scout-17B-16E"])
+def test_a_shared_expert_costs_a_dense_mlp_of_its_width_beside_the_routed_ones(hf_id, tp):
+    """A shared expert is a gated MLP every token runs through: an MoE layer costs its
+    routed experts plus what a dense MLP that wide costs (Qwen2-MoE: and a one-output gate
+    that scales it; Llama 4 adds it ungated)."""
+    shapes = _shapes(hf_id)
     width = shapes.shared_expert_intermediate_size
-    routed = _shapes("Qwen/Qwen2-57B-A14B", shared_expert_intermediate_size=0)
-    dense = _shapes("Qwen/Qwen2-57B-A14B", num_experts=0, experts_per_token=0,
-                    moe_intermediate_size=0, shared_expert_intermediate_size=0,
-                    intermediate_size=width)
+    routed = _shapes(hf_id, shared_expert_intermediate_size=0)
+    dense = _shapes(hf_id, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
+                    shared_expert_intermediate_size=0, intermediate_size=width)
     gpu, engine = known_gpu("h100"), load_engine("vllm")
     with_shared, without, mlp = (GpuCostModel(s, gpu, engine, tensor_parallel=tp)
                                  for s in (shapes, routed, dense))
     for tokens in (1, 16, 256, 2048):
         extra = with_shared.mlp_s(tokens) - without.mlp_s(tokens)
-        assert mlp.mlp_s(tokens) < extra < 1.2 * mlp.mlp_s(tokens)
+        if shapes.shared_expert_gate:
+            assert mlp.mlp_s(tokens) < extra < 1.2 * mlp.mlp_s(tokens)
+        else:
+            assert extra == pytest.approx(mlp.mlp_s(tokens))
 
 
 def test_a_one_row_decode_reads_every_active_weight_at_least_once():
     """A decode step of one row reads the weights its token uses, shared expert included:
     no faster than those bytes over the datasheet bandwidth."""
     for hf_id in ("Qwen/Qwen2-57B-A14B", "Qwen/Qwen1.5-MoE-A2.7B", "Qwen/Qwen3-30B-A3B",
-                  "mistralai/Mixtral-8x7B-v0.1"):
+                  "mistralai/Mixtral-8x7B-v0.1", "meta-llama/Llama-4-Scout-17B-16E"):
         spec = resolve_model(hf_id)
         gpu = known_gpu("h100")
         model = GpuCostModel(LayerShapes.from_model_spec(spec), gpu, load_engine("vllm"))
