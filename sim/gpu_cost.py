@@ -73,8 +73,14 @@ class GpuCostModel:
         if expert_parallel < 1 or (expert_parallel > 1 and not shapes.is_moe):
             raise ValueError(f"GpuCostModel: expert_parallel={expert_parallel} needs a MoE "
                              f"model ({shapes.name} is dense)")
+        if expert_parallel > 1 and expert_parallel % tensor_parallel:
+            raise ValueError(f"GpuCostModel: expert_parallel={expert_parallel} spans tp x dp "
+                             f"GPUs; tensor_parallel={tensor_parallel} must divide it")
         self.shapes, self.peaks, self.engine = shapes, peaks, engine
         self.tensor_parallel, self.expert_parallel = tensor_parallel, expert_parallel
+        # Expert parallel spans tp x dp GPUs; the tp GPUs of a data-parallel rank share its
+        # tokens, so an expert sees the tokens of the dp ranks, not of ep of them.
+        self.data_parallel = expert_parallel // tensor_parallel if expert_parallel > 1 else 1
         terms = terms if terms is not None else load_terms(peaks.name, peaks)
         if engine.compute_scale != 1.0:
             scale = engine.compute_scale
@@ -201,7 +207,7 @@ class GpuCostModel:
         count += 2 if tp > 1 else 0  # the two all-reduces
         if not s.fused_add_norm:  # separate residual adds, and biases added after the
             count += 2 + (2 if tp > 1 else 0)  # row-parallel all-reduces
-        return count + (1 if self.expert_parallel > 1 else 0)
+        return count + (1 if self.data_parallel > 1 else 0)  # the ranks' token exchange
 
     def layer_s(self, tokens: int) -> float:
         """One layer's GEMMs, small ops and collectives for `tokens` rows (no attention)."""
@@ -239,8 +245,8 @@ class GpuCostModel:
     def mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
         """One layer's MLP, averaged over the model's layers: dense, or (MoE layers) routed
         experts by tokens per expert and any shared expert; under expert parallelism the
-        experts see `group_tokens` from every rank (default: every rank has as many as this
-        one)."""
+        experts see `group_tokens` from every data-parallel rank (default: every rank has as
+        many as this one)."""
         s = self.shapes
         if not s.is_moe:
             return self._dense_mlp_s(tokens, s.intermediate_size // self.tensor_parallel)
@@ -266,17 +272,19 @@ class GpuCostModel:
         ep, k, experts = self.expert_parallel, s.experts_per_token, s.num_experts
         # Expert parallel keeps each expert whole on one GPU; otherwise tp splits each.
         inter = s.moe_intermediate_size // (tp if ep == 1 else 1)
-        # Every rank's tokens reach this rank's E / ep experts (all-gathered); an expert is
-        # active if any of them routes to it (top-k of E, independent rows).
-        group = tokens * ep if group_tokens is None else group_tokens
+        # Every data-parallel rank's tokens reach this GPU's E / ep experts (all-gathered);
+        # an expert is active if any of them routes to it (top-k of E, independent rows).
+        dp = self.data_parallel
+        group = tokens * dp if group_tokens is None else group_tokens
         slots = group * k / ep
         active = experts / ep * (1.0 - (1.0 - k / experts) ** group)
         experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b)
         router_s = self._gemm(tokens, h, experts)
         act_s = self._small(3 * slots * inter * b)
-        # Expert parallelism: all-gather the ranks' tokens, reduce-scatter the outputs (the
-        # bytes of one all-reduce of every rank's [tokens, hidden]).
-        exchange_s = t.allreduce_s(group * h * b, ep) if ep > 1 else 0.0
+        # Data-parallel ranks under expert parallelism: all-gather their tokens, reduce-scatter
+        # the outputs (the bytes of one all-reduce of every rank's [tokens, hidden]). Within
+        # one rank the tp GPUs already share its tokens: the MLP's all-reduce sums the experts.
+        exchange_s = t.allreduce_s(group * h * b, ep) if dp > 1 else 0.0
         out = experts_s + router_s + act_s + exchange_s
         shared = s.shared_expert_intermediate_size
         if shared:  # the rank's own tokens through it, and its one-output gate if any

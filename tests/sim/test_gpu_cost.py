@@ -192,3 +192,21 @@ def test_dense_layers_of_an_moe_model_cost_the_dense_mlp():
         assert mixed_s == pytest.approx(((layers - kept) * moe_s + kept * dense_s) / layers)
     with pytest.raises(ValueError, match="num_dense_layers"):
         replace(moe, num_dense_layers=layers)
+
+
+def test_tensor_parallel_gpus_under_expert_parallel_share_their_tokens():
+    """vLLM's expert parallel spans tp x dp GPUs. The tp GPUs of one data-parallel rank hold
+    the same tokens: each expert sees them once, and the MLP's all-reduce sums the experts'
+    outputs. Data-parallel ranks bring their own tokens and exchange them around the layer."""
+    gpu, engine = known_gpu("rtx-pro-6000"), load_engine("vllm")
+    shapes = known_shapes("qwen3-30b-a3b")
+    tp_ep = GpuCostModel(shapes, gpu, engine, tensor_parallel=2, expert_parallel=2)
+    dp_ep = GpuCostModel(shapes, gpu, engine, tensor_parallel=1, expert_parallel=2)
+    assert (tp_ep.data_parallel, dp_ep.data_parallel) == (1, 2)
+    for n in (1, 64, 2048):
+        assert tp_ep.mlp_s(n) == tp_ep.mlp_s(n, group_tokens=n)
+        assert dp_ep.mlp_s(n) == dp_ep.mlp_s(n, group_tokens=2 * n)
+        exchange = dp_ep.terms.allreduce_s(n * shapes.hidden_size * 2, 2)
+        assert dp_ep.mlp_s(n, group_tokens=n) - tp_ep.mlp_s(n) == pytest.approx(exchange)
+    with pytest.raises(ValueError, match="must divide"):
+        GpuCostModel(shapes, gpu, engine, tensor_parallel=4, expert_parallel=2)
