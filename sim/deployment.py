@@ -206,7 +206,9 @@ def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> 
     tp, dp = parallel.tensor_parallel, parallel.data_parallel
     gpus = f"{tp}x {options.hardware}" if tp > 1 else options.hardware
     if dp > 1:
-        gpus += f", dp {dp}" + (" + ep" if parallel.expert_parallel else "")
+        gpus += f", dp {dp}"
+    if parallel.expert_parallel:
+        gpus += " + ep"
     return f"{options.model} on {gpus} ({dtype})"
 
 
