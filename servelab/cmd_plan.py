@@ -12,6 +12,7 @@ from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.cluster import DEFAULT_KV_LINK_GBPS
+from sim.cost_model import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.gpu_cost import coverage as gpu_coverage
 from sim.hardware import HARDWARE_SPECS
@@ -48,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     space.add_argument("--model", default="llama-3-8b",
                        help="a preset, a shipped Hugging Face id, or a config.json path")
     space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
+    space.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
+                       help="fp8: every deployment's linear weights in one byte (vLLM's "
+                            "--quantization fp8)")
     space.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
                        help="gpu: the operator model fitted on published GPU profiles "
                             "(default); roofline: the analytic roofline")
@@ -133,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
                           args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
-                          open_loop=args.open_loop)
+                          open_loop=args.open_loop, quantization=args.quantization)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")

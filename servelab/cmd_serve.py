@@ -126,7 +126,8 @@ def _executor_parts(args: argparse.Namespace) -> _Parts:
     simulator_only = [f for f, v in (
         ("--hardware", args.hardware), ("--tp", args.tp), ("--cost-model", args.cost_model),
         ("--data-parallel-size", args.data_parallel_size != 1 or None),
-        ("--enable-expert-parallel", args.enable_expert_parallel or None)) if v is not None]
+        ("--enable-expert-parallel", args.enable_expert_parallel or None),
+        ("--quantization", args.quantization)) if v is not None]
     if simulator_only:
         raise ValueError(f"{', '.join(simulator_only)}: only with --simulate (they "
                          "describe a simulated deployment)")

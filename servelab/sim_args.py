@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sim.cost_model import QUANTIZATIONS
 from sim.deployment import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DTYPE_NAMES,
@@ -187,6 +188,9 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     if not serve:
         group.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES,
                            help="bf16 or fp16 (vLLM's auto, bfloat16, float16, half too)")
+    group.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
+                       help="fp8: linear layers' weights in one byte, their GEMMs on FP8 "
+                            "tensor cores where the GPU has them (vLLM's --quantization fp8)")
     group.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=int,
                        default=None if serve else 1,
                        help="tensor-parallel GPUs per engine (analytic model; default 1)")
@@ -222,7 +226,7 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost,
-        **_profile_limits(args))
+        quantization=args.quantization, **_profile_limits(args))
 
 
 def _profile_limits(args: argparse.Namespace) -> dict[str, int]:

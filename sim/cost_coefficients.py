@@ -58,19 +58,28 @@ def check_parallel(model: ModelSpec, hardware: HardwareSpec, tp: int, dp: int,
 
 def rank_weight_bytes(cost: AnalyticCostModel) -> int:
     """Weight bytes one GPU holds: 1/tp of the dense weights, and 1/tp of every expert or
-    (expert parallel) a whole 1/(tp x dp) share of the experts."""
+    (expert parallel) a whole 1/(tp x dp) share of the experts; linear layers at
+    cost.linear_bytes a weight (1 under FP8 quantization)."""
     spec = cost.model
     experts = spec.expert_params_total
     expert_shards = cost.tensor_parallel * (cost.data_parallel if cost.expert_parallel else 1)
     dense = spec.num_params - experts
-    return (dense // cost.tensor_parallel + experts // expert_shards) * cost.dtype_bytes
+    if cost.linear_bytes == cost.dtype_bytes:
+        return (dense // cost.tensor_parallel + experts // expert_shards) * cost.dtype_bytes
+    expert_bytes = experts * cost.linear_bytes
+    dense_bytes = spec.weight_bytes(cost.dtype_bytes, cost.linear_bytes) - expert_bytes
+    return dense_bytes // cost.tensor_parallel + expert_bytes // expert_shards
 
 
 def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float | int]:
     """The constant per-unit times behind `predict`, and the byte sizes they come from."""
     spec, tp = cost.model, cost.tensor_parallel
     flops_s = cost.hardware.flops_for(cost.dtype) * cost.flops_efficiency  # one GPU's
+    # The linear layers' GEMMs: FP8 tensor cores under FP8 quantization (weights and
+    # activations in FP8), else the dtype's.
+    linear_flops_s = cost.hardware.flops_for(cost.linear_dtype) * cost.flops_efficiency
     bytes_s = cost.hardware.mem_bandwidth_bytes_s * cost.bandwidth_efficiency  # one GPU's
+    linear_bytes = cost.linear_bytes
     embed_params = spec.vocab_size * spec.hidden_size  # one vocab x hidden matrix
     num_matrices = 1 if spec.tie_word_embeddings else 2  # input embedding, lm_head
     # Every token's GEMMs: the dense linear weights and the experts it is routed to.
@@ -79,6 +88,9 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     # this step's tokens are gathered. A tied matrix is read in full as the lm_head. Expert
     # weights are read per step by the experts its tokens reach (predict adds them).
     read_params = spec.num_params - spec.expert_params_total - (num_matrices - 1) * embed_params
+    dense_linear = spec.quantizable_params - spec.expert_params_total  # (of read_params)
+    read_bytes = (read_params * dtype_bytes if linear_bytes == dtype_bytes else
+                  (read_params - dense_linear) * dtype_bytes + dense_linear * linear_bytes)
     # Each GPU stores K/V for ceil(num_kv_heads / tp) heads: a slice of them while
     # tp <= num_kv_heads, one replicated head beyond that (as vLLM does).
     kv_heads_per_gpu = math.ceil(spec.num_kv_heads / tp)
@@ -94,18 +106,18 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     # step takes one GPU's time (norm weights, replicated on every GPU, are < 0.01%).
     return {
         "dtype_bytes": dtype_bytes,
-        "weight_bytes": spec.num_params * dtype_bytes,
+        "weight_bytes": spec.weight_bytes(dtype_bytes, linear_bytes),
         "gpu_kv_bytes_per_token": gpu_kv_bytes_per_token,
-        "_compute_s_per_token": 2 * linear_params / tp / flops_s,
+        "_compute_s_per_token": 2 * linear_params / tp / linear_flops_s,
         "_compute_s_per_attn_pair": attn_flops_per_pair / tp / flops_s,
         # lm_head runs only for rows that sample: the last position of each sequence.
         "_compute_s_per_sampled_row": 2 * embed_params / tp / flops_s,
-        "_memory_s_weights": read_params * dtype_bytes / tp / bytes_s,
+        "_memory_s_weights": read_bytes / tp / bytes_s,
         # Each new token writes its K/V once; each decode reads its whole context once.
         "_memory_s_per_kv_token": gpu_kv_bytes_per_token / bytes_s,
         "_memory_s_per_prefill_pair": gpu_kv_bytes_per_token / ATTN_QUERY_TILE_ROWS / bytes_s,
         **_comm_coefficients(cost, dtype_bytes),
-        **_expert_coefficients(cost, dtype_bytes, bytes_s),
+        **_expert_coefficients(cost, linear_bytes, bytes_s),
         # Each GPU moves its own share of a token's KV over its own PCIe link, in parallel.
         "_swap_s_per_token": gpu_kv_bytes_per_token / cost.hardware.host_link_bytes_s,
     }
@@ -113,7 +125,8 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
 
 def _expert_coefficients(cost: AnalyticCostModel, dtype_bytes: int,
                          bytes_s: float) -> dict[str, float | int]:
-    """What expert_weights_s needs: experts one GPU holds, and seconds to read each."""
+    """What expert_weights_s needs: experts one GPU holds, and seconds to read each
+    (dtype_bytes: an expert weight's bytes)."""
     spec = cost.model
     if not spec.is_moe:
         return {"_local_experts": 0, "_expert_read_s": 0.0, "_expert_token_scale": 1}

@@ -22,8 +22,21 @@ from sim.model_config import resolve_model
 from sim.model_specs import ModelSpec
 
 # Bytes per weight / KV element; GEMMs run at HardwareSpec.flops_for(dtype). 16-bit only, as
-# vLLM's --dtype (FP8 is a quantization there, with scales this model does not price).
+# vLLM's --dtype; FP8 is a quantization there (QUANTIZATIONS).
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2}
+# vLLM's --quantization values priced: fp8 stores the linear layers' weights in one byte
+# (per-tensor scales, negligible) and, on GPUs with FP8 tensor cores, runs their GEMMs on
+# them with activations quantized per step; KV and everything else keep the dtype.
+QUANTIZATIONS: tuple[str, ...] = ("fp8",)
+
+
+def check_fp8(gpu: str, peak_fp8_flops: float | None) -> None:
+    """Raise unless the GPU has FP8 tensor cores. vLLM runs FP8 weights on others (A100) as
+    weight-only Marlin kernels, 16-bit GEMMs on weights widened as they are read; neither
+    cost model prices those."""
+    if not peak_fp8_flops:
+        raise ValueError(f"--quantization fp8: {gpu} has no FP8 tensor cores (vLLM's "
+                         "weight-only FP8 there is not priced)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +74,12 @@ class AnalyticCostModel:
     # whether their experts are sharded across all tp x dp GPUs (vLLM's expert parallel).
     data_parallel: int = 1
     expert_parallel: bool = False
+    quantization: str | None = None  # one of QUANTIZATIONS, or None: weights in dtype
 
     # Derived at construction; all times in seconds per unit named, on each GPU.
     dtype_bytes: int = field(init=False, repr=False)
+    linear_bytes: int = field(init=False, repr=False)  # a linear layer's weight
+    linear_dtype: str = field(init=False, repr=False)  # the tensor cores its GEMMs run on
     weight_bytes: int = field(init=False, repr=False)  # every parameter, summed over the GPUs
     gpu_kv_bytes_per_token: int = field(init=False, repr=False)  # K+V one GPU holds a token
     _compute_s_per_token: float = field(init=False, repr=False, compare=False)
@@ -100,6 +116,14 @@ class AnalyticCostModel:
             )
         check_parallel(self.model, self.hardware, self.tensor_parallel, self.data_parallel,
                        self.expert_parallel)
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"AnalyticCostModel: quantization {self.quantization!r}: choose "
+                             f"from {', '.join(QUANTIZATIONS)}")
+        fp8 = self.quantization == "fp8"
+        if fp8:
+            check_fp8(self.hardware.name, self.hardware.peak_fp8_flops)
+        object.__setattr__(self, "linear_bytes", 1 if fp8 else DTYPE_BYTES[self.dtype])
+        object.__setattr__(self, "linear_dtype", "fp8" if fp8 else self.dtype)
         if self.reserve_bytes is None:
             object.__setattr__(self, "reserve_bytes", vllm_reserve_bytes(
                 self.model, ProfileShape(), DTYPE_BYTES[self.dtype], self.tensor_parallel,
@@ -221,8 +245,9 @@ class AnalyticCostModel:
         block_bytes = self.gpu_kv_bytes_per_token * block_size
         if kv_bytes < block_bytes:
             tp = self.tensor_parallel
+            weights = f"{self.dtype}, fp8 weights" if self.quantization else self.dtype
             raise ValueError(
-                f"model {self.model.name} ({self.dtype}) does not fit on {self.hardware.name} "
+                f"model {self.model.name} ({weights}) does not fit on {self.hardware.name} "
                 f"x {tp}: weights {self.rank_weight_bytes / GiB:.1f} GiB + reserve "
                 f"{self.reserve_bytes / GiB:.1f} GiB a GPU leave no room for one KV block in "
                 f"{memory_utilization:g} x {self.hardware.memory_bytes / GiB:.1f} GiB"

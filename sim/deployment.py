@@ -58,6 +58,7 @@ class DeploymentOptions:
     max_num_seqs: int = 256
     cost_model: Path | None = None  # a calibration instead of the analytic model
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
+    quantization: str | None = None  # vLLM's --quantization: fp8, or None (weights in dtype)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Deployment:
     # Limits of the server a calibration came from (`calibrate --url`): flag defaults give
     # way to them. Sorted (name, value) pairs; empty for the analytic model.
     server_limits: tuple[tuple[str, Any], ...] = ()
+    quantization: str | None = None  # fp8: linear weights in one byte (QUANTIZATIONS)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -137,6 +139,7 @@ class Deployment:
             "kv_pool": asdict(self.kv_pool),
             "max_model_len": self.max_model_len,
             "cost_model": type(self.cost_model).__name__,
+            "quantization": self.quantization,
             "server_limits": dict(self.server_limits),
         }
 
@@ -157,7 +160,8 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
                              allreduce_latency_s=hardware.interconnect_latency_s,
                              data_parallel=parallel.data_parallel,
                              expert_parallel=parallel.expert_parallel,
-                             reserve_bytes=_reserve_bytes(options, model, dtype, parallel))
+                             reserve_bytes=_reserve_bytes(options, model, dtype, parallel),
+                             quantization=options.quantization)
     block_bytes = model.kv_bytes_per_token(DTYPE_BYTES[dtype]) * options.block_size
     utilization = options.gpu_memory_utilization
     sized = cost.kv_pool_blocks(options.block_size, utilization)
@@ -168,13 +172,15 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_memory_utilization=utilization, gpu_memory_bytes=hardware.memory_bytes,
         gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
-    priced, pricing = _pricing(options.cost, cost, model, hardware, parallel)
+    priced, pricing = _pricing(options.cost, cost, model, hardware, parallel,
+                               options.quantization)
     if model.attention_chunk_size:  # (sim.model_specs: an upper bound past one chunk)
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
-                      f"{_describe(options, parallel, dtype)}; priced by {pricing}")
+                      f"{_describe(options, parallel, dtype)}; priced by {pricing}",
+                      quantization=options.quantization)
 
 
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
@@ -190,7 +196,7 @@ def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
 
 
 def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware: HardwareSpec,
-             parallel: Parallelism) -> tuple[Backend, str]:
+             parallel: Parallelism, quantization: str | None) -> tuple[Backend, str]:
     """The cost model `name` picks (the roofline sizes the pool either way), and a line
     naming it and, for the fitted one, whether GPU, model and shapes lie in its data."""
     if name == "roofline":
@@ -198,8 +204,13 @@ def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware:
     if name != "gpu":
         raise ValueError(f"--cost {name!r}: choose gpu or roofline")
     ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
-    fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep)
-    return fitted, f"gpu-fitted: {gpu_coverage(model.name, hardware.name, 2048)}"
+    fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
+                              quantization=quantization)
+    line = f"gpu-fitted: {gpu_coverage(model.name, hardware.name, 2048)}"
+    if quantization:
+        line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
+                 "(extrapolated)")
+    return fitted, line
 
 
 def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> str:
@@ -209,15 +220,16 @@ def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> 
         gpus += f", dp {dp}"
     if parallel.expert_parallel:
         gpus += " + ep"
-    return f"{options.model} on {gpus} ({dtype})"
+    weights = f", {options.quantization} weights" if options.quantization else ""
+    return f"{options.model} on {gpus} ({dtype}{weights})"
 
 
 def _calibrated(options: DeploymentOptions, model: ModelSpec, dtype: str,
                 parallel: Parallelism) -> Deployment:
     """A deployment whose steps come from a calibration file (its own pool and limits)."""
-    if parallel != Parallelism():
-        raise ValueError("--tp / --data-parallel-size price the analytic model; a "
-                         "calibration is measured as is")
+    if parallel != Parallelism() or options.quantization:
+        raise ValueError("--tp / --data-parallel-size / --quantization price the analytic "
+                         "model; a calibration is measured as is")
     cost = CalibratedCostModel.load(options.cost_model)
     meta = cost.meta
     server = meta.get("server") or {}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.core import BatchPlan, Request, StepResult
+from sim.cost_model import check_fp8
 from sim.gpu_shapes import GpuPeaks, LayerShapes
 from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms, moe_experts_s
 from sim.gpu_terms import gemm_s as _gemm_s
@@ -66,7 +67,8 @@ class GpuCostModel:
 
     def __init__(self, shapes: LayerShapes, peaks: GpuPeaks, engine: EngineOverhead,
                  tensor_parallel: int = 1, expert_parallel: int = 1,
-                 terms: GpuTerms | None = None, dtype_bytes: int = 2) -> None:
+                 terms: GpuTerms | None = None, dtype_bytes: int = 2,
+                 quantization: str | None = None) -> None:
         if tensor_parallel < 1 or shapes.num_heads % tensor_parallel:
             raise ValueError(f"GpuCostModel: tensor_parallel={tensor_parallel} must divide "
                              f"the {shapes.num_heads} heads of {shapes.name}")
@@ -89,6 +91,17 @@ class GpuCostModel:
                             attn_prefill_eff_compute=terms.attn_prefill_eff_compute * scale)
         self.terms = terms
         self.dtype_bytes = dtype_bytes
+        # FP8 quantization (vLLM's --quantization fp8): the linear layers' weights in one
+        # byte, their GEMMs on FP8 tensor cores over activations quantized before each (a
+        # small op), at the efficiencies fitted for 16-bit GEMMs (both terms scale alike:
+        # twice the peak, half the weight bytes). lm_head, router and KV stay 16-bit.
+        if quantization not in (None, "fp8"):
+            raise ValueError(f"GpuCostModel: quantization {quantization!r}: choose fp8")
+        if quantization:
+            check_fp8(peaks.name, peaks.peak_fp8_flops)
+        self.quantization = quantization
+        self._linear_bytes = 1 if quantization else dtype_bytes
+        self._linear_peak = peaks.peak_fp8_flops if quantization else None
         s, tp, t = shapes, tensor_parallel, self.terms
         self._q_dim = s.num_heads // tp * s.head_dim
         kv_heads = max(1, s.num_kv_heads // tp)  # replicated beyond num_kv_heads GPUs
@@ -194,6 +207,17 @@ class GpuCostModel:
     def _gemm(self, tokens: float, k: int, m: int) -> float:
         return _gemm_s(self.terms, self.peaks, tokens, k, m, self.dtype_bytes)
 
+    def _linear(self, tokens: float, k: int, m: int) -> float:
+        """A linear layer's GEMM (quantized with the model, unlike the lm_head and router)."""
+        if not self.quantization:
+            return self._gemm(tokens, k, m)
+        return _gemm_s(self.terms, self.peaks, tokens, k, m, self.dtype_bytes,
+                       self._linear_bytes, self._linear_peak) + self._quantize(tokens * k)
+
+    def _quantize(self, elements: float) -> float:
+        """Quantizing `elements` activations to FP8 before a GEMM: read 16-bit, write 8."""
+        return self._small(elements * (self.dtype_bytes + 1))
+
     def _small(self, moved_bytes: float) -> float:
         return _small_op_s(self.terms, self.peaks, moved_bytes)
 
@@ -214,7 +238,7 @@ class GpuCostModel:
         s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
         h, q_dim = s.hidden_size, self._q_dim
         kv_dim = self._kv_bytes_layer // (2 * b)
-        layer = self._gemm(tokens, h, q_dim + 2 * kv_dim) + self._gemm(tokens, q_dim, h)
+        layer = self._linear(tokens, h, q_dim + 2 * kv_dim) + self._linear(tokens, q_dim, h)
         layer += self.mlp_s(tokens)
         # Two fused add+RMSNorms (or norms and adds), RoPE on q and k, (Qwen3) q/k norms.
         layer += 2 * self._small(4 * tokens * h * b)
@@ -261,7 +285,7 @@ class GpuCostModel:
         """A dense SwiGLU/GELU MLP `inter` wide on this GPU."""
         s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
         gates = 2 if s.gated_mlp else 1
-        return (self._gemm(tokens, h, gates * inter) + self._gemm(tokens, inter, h)
+        return (self._linear(tokens, h, gates * inter) + self._linear(tokens, inter, h)
                 + self._small((gates + 1) * tokens * inter * b))
 
     def moe_mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
@@ -278,7 +302,10 @@ class GpuCostModel:
         group = tokens * dp if group_tokens is None else group_tokens
         slots = group * k / ep
         active = experts / ep * (1.0 - (1.0 - k / experts) ** group)
-        experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b)
+        experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b,
+                                  self._linear_bytes, self._linear_peak)
+        if self.quantization:  # the routed tokens, then their activations, quantized
+            experts_s += self._quantize(slots * h) + self._quantize(slots * inter)
         router_s = self._gemm(tokens, h, experts)
         act_s = self._small(3 * slots * inter * b)
         # Data-parallel ranks under expert parallelism: all-gather their tokens, reduce-scatter
@@ -323,8 +350,9 @@ def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) 
 
 
 def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: int = 1,
-                     engine: str = "vllm", expert_parallel: int = 1) -> GpuCostModel:
+                     engine: str = "vllm", expert_parallel: int = 1,
+                     quantization: str | None = None) -> GpuCostModel:
     """The fitted model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
     return GpuCostModel(LayerShapes.from_model_spec(model), GpuPeaks.from_hardware_spec(hardware),
                         load_engine(engine), tensor_parallel=tensor_parallel,
-                        expert_parallel=expert_parallel)
+                        expert_parallel=expert_parallel, quantization=quantization)

@@ -90,12 +90,14 @@ class GpuPeaks:
     host_link_bytes_s: float  # GPU to host memory, one direction (KV swapped out and in)
     # Measured all-reduces from the GPU file: (GPUs, latency_s, bus bytes/s); () for none.
     allreduce: tuple[tuple[int, float, float], ...] = ()
+    peak_fp8_flops: float | None = None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
 
     @classmethod
     def from_hardware_spec(cls, spec: HardwareSpec) -> GpuPeaks:
         """The peaks of a servelab HardwareSpec (a GPU data file)."""
         return cls(spec.name, spec.peak_flops, spec.mem_bandwidth_bytes_s,
-                   spec.interconnect_bytes_s, spec.host_link_bytes_s, spec.allreduce)
+                   spec.interconnect_bytes_s, spec.host_link_bytes_s, spec.allreduce,
+                   spec.peak_fp8_flops)
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "mem_bandwidth_bytes_s", "interconnect_bytes_s",

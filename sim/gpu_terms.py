@@ -99,24 +99,38 @@ def _bracket(table: tuple[int, ...], x: float) -> tuple[int, float]:
 
 
 def gemm_s(terms: GpuTerms, peaks: GpuPeaks, tokens: float, k: int, m: int,
-           dtype_bytes: int = 2) -> float:
-    """One [tokens, k] x [k, m] GEMM: weights read once, activations in and out."""
+           dtype_bytes: int = 2, weight_bytes: int | None = None,
+           peak_flops: float | None = None) -> float:
+    """One [tokens, k] x [k, m] GEMM: weights read once, activations in and out (weights
+    of `weight_bytes` each and FLOPs at `peak_flops` where they differ: FP8 quantization,
+    at the efficiencies the 16-bit profiles fitted)."""
     flops = 2.0 * tokens * k * m
-    moved = (k * m + tokens * (k + m)) * dtype_bytes
+    if weight_bytes is None or weight_bytes == dtype_bytes:
+        moved = (k * m + tokens * (k + m)) * dtype_bytes
+    else:
+        moved = k * m * weight_bytes + tokens * (k + m) * dtype_bytes
     eff_c, eff_m = terms.gemm_eff(tokens)
-    return terms.gemm_latency_s + max(flops / (peaks.peak_flops * eff_c),
+    peak = peaks.peak_flops if peak_flops is None else peak_flops
+    return terms.gemm_latency_s + max(flops / (peak * eff_c),
                                       moved / (peaks.mem_bandwidth_bytes_s * eff_m))
 
 
 def moe_experts_s(terms: GpuTerms, peaks: GpuPeaks, slots: float, active: float, k: int,
-                  inter: int, dtype_bytes: int = 2) -> float:
+                  inter: int, dtype_bytes: int = 2, weight_bytes: int | None = None,
+                  peak_flops: float | None = None) -> float:
     """Fused-MoE gate/up and down over `slots` token-slots routed to `active` experts of
     [k, 2 x inter] and [inter, k]: one kernel each, every active expert's weights read once,
-    FLOPs at the GEMM efficiency of the rows each expert receives."""
+    FLOPs at the GEMM efficiency of the rows each expert receives (weights and peak as
+    gemm_s takes them)."""
     flops = 2.0 * slots * 3 * k * inter
-    moved = (active * 3 * k * inter + slots * (2 * k + 3 * inter)) * dtype_bytes
+    if weight_bytes is None or weight_bytes == dtype_bytes:
+        moved = (active * 3 * k * inter + slots * (2 * k + 3 * inter)) * dtype_bytes
+    else:
+        moved = (active * 3 * k * inter * weight_bytes
+                 + slots * (2 * k + 3 * inter) * dtype_bytes)
     eff_c = terms.gemm_eff(slots / active)[0] * terms.moe_compute_scale
-    return 2 * terms.gemm_latency_s + max(flops / (peaks.peak_flops * eff_c),
+    peak = peaks.peak_flops if peak_flops is None else peak_flops
+    return 2 * terms.gemm_latency_s + max(flops / (peak * eff_c),
                                           moved / (peaks.mem_bandwidth_bytes_s * terms.moe_eff))
 
 

@@ -91,8 +91,9 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     if quantized:  # weights of 8 bits or fewer: priced as 16-bit ones they would be wrong
         method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
         raise UnsupportedModelError(f"{name}: quantization_config (quant_method {method!r}: "
-                                    "quantized weights) is not supported by the cost model, "
-                                    "which prices 16-bit weights")
+                                    "quantized weights) is not read from a config; give the "
+                                    "unquantized model's and --quantization fp8 for FP8 "
+                                    "weights")
     config = config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)

@@ -130,6 +130,24 @@ class ModelSpec:
         return layers + embed + h
 
     @property
+    def quantizable_params(self) -> int:
+        """The linear layers' weights, which FP8 quantization stores in one byte each (vLLM's
+        --quantization fp8): q/k/v/o, dense MLPs, shared and routed experts. Embeddings,
+        the lm_head, norms, biases and routers keep the model's dtype."""
+        h, d = self.hidden_size, self.head_dim
+        attention = 2 * h * self.num_heads * d + 2 * h * self.num_kv_heads * d
+        num_dense = self.num_layers - self.num_moe_layers
+        shared = self.mlp_matrices * h * self.shared_expert_intermediate_size
+        return (self.num_layers * attention
+                + num_dense * self.mlp_matrices * h * self.intermediate_size
+                + self.num_moe_layers * shared + self.expert_params_total)
+
+    def weight_bytes(self, dtype_bytes: int, linear_bytes: int) -> int:
+        """All weights' bytes, the linear layers' at `linear_bytes` a weight."""
+        linear = self.quantizable_params
+        return (self.num_params - linear) * dtype_bytes + linear * linear_bytes
+
+    @property
     def num_active_params(self) -> int:
         """Parameters one token's forward uses: all but the experts it is not routed to."""
         idle = self.num_moe_layers * (self.num_experts - self.num_experts_per_tok)

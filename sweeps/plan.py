@@ -89,13 +89,15 @@ class PlanContext:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
     open_loop: bool = False  # sessions' turns at their written times, not closed-loop
+    quantization: str | None = None  # vLLM's --quantization (fp8), for every deployment
 
     def resolved(self, family: Family) -> Deployment:
         """One engine of the family as a Deployment (its cost model and KV pool)."""
         return build_deployment(DeploymentOptions(
             self.model, family.hardware, self.dtype, family.tp, family.dp,
             expert_parallel=family.dp > 1, block_size=self.block_size,
-            gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost))
+            gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost,
+            quantization=self.quantization))
 
     def usd_per_hour(self, family: Family, scale: int) -> float:
         """What the family's deployment of that scale costs an hour (all of its GPUs)."""
@@ -306,4 +308,5 @@ def simulate_args(row: dict, context: PlanContext) -> list[str]:
             f"{context.gpu_memory_utilization:g}", "--kv-link-gbps",
             f"{context.kv_link_gbps:g}", *budget, *caching,
             *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else []),
-            *(["--open-loop"] if context.open_loop else [])]
+            *(["--open-loop"] if context.open_loop else []),
+            *(["--quantization", context.quantization] if context.quantization else [])]

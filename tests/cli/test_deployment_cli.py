@@ -47,6 +47,31 @@ def test_simulate_runs_a_config_json_path(hf_id: str, tmp_path: Path, capsys) ->
     assert spec["model"]["num_layers"] == config["num_hidden_layers"]
 
 
+def test_quantization_fp8_as_vllm_spells_it(tmp_path: Path, capsys) -> None:
+    """`simulate -q fp8` prices FP8 weights and records it; `plan` replays it the same way;
+    an FP8 checkpoint's config is refused with the flag to use instead named."""
+    argv = ["simulate", "--trace", TINY, "--model", "meta-llama/Llama-3.1-70B-Instruct",
+            "--tensor-parallel-size", "2", "--quantization", "fp8",
+            "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    spec = json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+    assert spec["quantization"] == "fp8" and "fp8 weights" in spec["description"]
+    argv = ["plan", "--trace", TINY, "--hardware", "h100", "--tp", "1", "--pd-ratios", "",
+            "--workers", "1", "--rate-range", "1,2", "-q", "fp8",
+            "--json", str(tmp_path / "plan.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    row = json.loads((tmp_path / "plan.json").read_text())["cheapest"][0]
+    assert row["simulate_args"][-2:] == ["--quantization", "fp8"]
+    with pytest.raises(SystemExit) as refused:
+        main(["simulate", "--trace", TINY, "--quantization", "int4"])
+    assert refused.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+    config = json.loads((MODELS_DIR / "meta-llama--Llama-3.1-8B.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["simulate", "--trace", TINY, "--model", str(tmp_path)]) == 2
+    assert "--quantization fp8" in capsys.readouterr().err
+
+
 def test_a_deepseek_v3_config_ends_in_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",

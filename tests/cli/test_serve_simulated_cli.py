@@ -62,6 +62,7 @@ def get_modules(process: subprocess.Popen) -> str:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--hardware", "h100"], "--hardware: only with --simulate"),
     (["--cost-model", "c.json", "--tp", "2"], "--tp, --cost-model: only with --simulate"),
+    (["--quantization", "fp8"], "--quantization: only with --simulate"),
     (["--simulate", "--device", "cpu", "--threads", "2"], "--device, --threads: not with"),
     (["--simulate", "--model", "no-such-model"], "no-such-model"),
     (["--simulate", "--hardware", "no-such-gpu"], "no-such-gpu"),
