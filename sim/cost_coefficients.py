@@ -97,11 +97,15 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     gpu_kv_bytes_per_token = (
         spec.kv_bytes_per_token(dtype_bytes) // spec.num_kv_heads * kv_heads_per_gpu
     )
+    if spec.is_mla:  # the latent is not split by head: every GPU holds it whole
+        gpu_kv_bytes_per_token = spec.kv_bytes_per_token(dtype_bytes)
     # QK^T and PV: 2 FLOPs per multiply-add, 2 matmuls, over every query head's head_dim.
     # A prefill chunk counts its full chunk x context rectangle although a causal kernel
     # skips about half of a first chunk's square; attention kernels also run below GEMM
     # efficiency (FlashAttention-2 forward ~50-70% of peak), and the two roughly cancel.
-    attn_flops_per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
+    # (MLA: queries and keys of head_dim, values of v_head_dim, as its prefill runs them.)
+    value_dim = spec.v_head_dim if spec.is_mla else spec.head_dim
+    attn_flops_per_pair = 2 * spec.num_layers * spec.num_heads * (spec.head_dim + value_dim)
     # The tp GPUs run in lockstep, each on its 1/tp of the FLOPs and weight bytes, so a
     # step takes one GPU's time (norm weights, replicated on every GPU, are < 0.01%).
     return {

@@ -7,7 +7,7 @@ benchmark and test passes down. The KV pool is sized as vLLM sizes it (docs/depl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,8 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     parallel = Parallelism(options.tensor_parallel, options.data_parallel,
                            options.expert_parallel)
     model = resolve_model(options.model)
+    if model.quantization and not options.quantization:  # an FP8 checkpoint, as vLLM reads it
+        options = replace(options, quantization=model.quantization)
     if not 0.0 < options.gpu_memory_utilization <= 1.0:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got "
                          f"{options.gpu_memory_utilization}")
@@ -174,6 +176,9 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
     priced, pricing = _pricing(options.cost, cost, model, hardware, parallel,
                                options.quantization)
+    if model.is_mla:
+        pricing += ("; latent attention priced with the attention terms fitted on standard "
+                    "attention (extrapolated)")
     if model.attention_chunk_size:  # (sim.model_specs: an upper bound past one chunk)
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")

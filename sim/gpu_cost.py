@@ -118,6 +118,9 @@ class GpuCostModel:
                                                         * t.attn_prefill_eff_compute)
         self._s_per_decode_kv = self._kv_bytes_layer / (peaks.mem_bandwidth_bytes_s
                                                         * t.attn_decode_eff_memory)
+        self._mla = s.kv_lora_rank > 0
+        if self._mla:
+            self._latent_attention(peaks, dtype_bytes)
         self._prefill_floor_s = t.attn_prefill_floor_s
         self._decode_floor_s = t.attn_decode_floor_s
         self._overlapped = engine.overlapped
@@ -126,6 +129,25 @@ class GpuCostModel:
         # host time), computed once per count.
         self._token_cache: dict[int, tuple[float, float]] = {}
         self._row_cache: dict[int, tuple[float, float]] = {}
+
+    def _latent_attention(self, peaks: GpuPeaks, dtype_bytes: int) -> None:
+        """Multi-head latent attention as vLLM runs it. Every GPU caches each token's latent
+        and RoPE key whole, once for all its heads. A prefill runs ordinary attention over
+        K and V up-projected per head (queries and keys of head_dim, values of v_head_dim).
+        Decode rows run the latent kernel: each query, absorbed into the latent, scores
+        latent + RoPE key and sums latents, reading a token's latent once for all heads
+        (bytes or FLOPs, the larger). Its decode and prefill rows run separate kernels, so
+        decode rows beside a chunk lose nothing."""
+        s, t, tp = self.shapes, self.terms, self.tensor_parallel
+        heads, latent = s.num_heads // tp, s.kv_lora_rank + s.qk_rope_head_dim
+        self._group = 1.0
+        self._kv_bytes_layer = latent * dtype_bytes
+        self._swap_s_per_token = self._layers * self._kv_bytes_layer / peaks.host_link_bytes_s
+        flops_s = peaks.peak_flops * t.attn_prefill_eff_compute
+        self._s_per_prefill_pair = 2.0 * heads * (s.head_dim + s.v_head_dim) / flops_s
+        read_s = self._kv_bytes_layer / (peaks.mem_bandwidth_bytes_s * t.attn_decode_eff_memory)
+        score_s = 2.0 * heads * (latent + s.kv_lora_rank) / flops_s
+        self._s_per_decode_kv = read_s if read_s > score_s else score_s
 
     @property
     def reads_rows(self) -> bool:
@@ -155,6 +177,8 @@ class GpuCostModel:
         if plan.prefill_tokens:
             layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
             host += self._kernel_s
+            if self._mla:  # the chunks' cached context, up-projected to K and V to attend
+                layer += self._context_s(plan)
         if decode_seqs:
             kv_s = self._s_per_decode_kv * plan.decode_context
             if plan.prefill_tokens:  # one varlen kernel: decode rows lose their GQA sharing
@@ -237,8 +261,12 @@ class GpuCostModel:
         """One layer's GEMMs, small ops and collectives for `tokens` rows (no attention)."""
         s, t, tp, b = self.shapes, self.terms, self.tensor_parallel, self.dtype_bytes
         h, q_dim = s.hidden_size, self._q_dim
-        kv_dim = self._kv_bytes_layer // (2 * b)
-        layer = self._linear(tokens, h, q_dim + 2 * kv_dim) + self._linear(tokens, q_dim, h)
+        if self._mla:
+            layer = self._latent_projections_s(tokens)
+            kv_dim = s.qk_rope_head_dim  # (the RoPE below: one shared key per token)
+        else:
+            kv_dim = self._kv_bytes_layer // (2 * b)
+            layer = self._linear(tokens, h, q_dim + 2 * kv_dim) + self._linear(tokens, q_dim, h)
         layer += self.mlp_s(tokens)
         # Two fused add+RMSNorms (or norms and adds), RoPE on q and k, (Qwen3) q/k norms.
         layer += 2 * self._small(4 * tokens * h * b)
@@ -250,6 +278,36 @@ class GpuCostModel:
             layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
         # Row-parallel O-proj and down-proj each all-reduce [tokens, hidden].
         return layer + 2 * t.allreduce_s(tokens * h * b, tp)
+
+    def _context_s(self, plan: BatchPlan) -> float:
+        """kv_b over the cached context of a step's prefill chunks (vLLM's MLA prefill
+        up-projects it before attending to it). The plan holds chunk x KV length summed:
+        exact for one chunk a step (as chunked prefill's usually are), else the chunks'
+        mean length."""
+        context = plan.prefill_attn * plan.prefill_seqs / plan.prefill_tokens - plan.prefill_tokens
+        if context < 1:
+            return 0.0
+        s = self.shapes
+        heads = s.num_heads // self.tensor_parallel
+        nope = s.head_dim - s.qk_rope_head_dim
+        return self._linear(context, s.kv_lora_rank, heads * (nope + s.v_head_dim))
+
+    def _latent_projections_s(self, tokens: float) -> float:
+        """MLA's projections for `tokens` rows: q (through its bottleneck and norm, where the
+        model has one), the latent and RoPE key (whole on every GPU) and the latent's norm,
+        kv_b (a prefill's up-projection of K and V, or decode's absorption of it into the
+        queries and outputs: the same weights and FLOPs), and o."""
+        s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
+        heads = s.num_heads // self.tensor_parallel
+        q_lora, latent = s.q_lora_rank, s.kv_lora_rank
+        q_s = (self._linear(tokens, h, q_lora) + self._small(2 * tokens * q_lora * b)
+               + self._linear(tokens, q_lora, heads * s.head_dim) if q_lora
+               else self._linear(tokens, h, heads * s.head_dim))
+        nope = s.head_dim - s.qk_rope_head_dim
+        return (q_s + self._linear(tokens, h, latent + s.qk_rope_head_dim)
+                + self._small(2 * tokens * latent * b)
+                + self._linear(tokens, latent, heads * (nope + s.v_head_dim))
+                + self._linear(tokens, heads * s.v_head_dim, h))
 
     def embed_s(self, tokens: int) -> float:
         """Embedding gather and final norm over `tokens`."""

@@ -39,6 +39,11 @@ class LayerShapes:
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0  # layers of an MoE model with a dense MLP instead of experts
     shared_expert_gate: bool = True  # the shared expert's output scaled by a gate (Qwen2-MoE)
+    # Multi-head latent attention (sim.model_specs.ModelSpec; 0: none).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -76,7 +81,9 @@ class LayerShapes:
                    moe_intermediate_size=spec.moe_intermediate_size,
                    shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
                    num_dense_layers=spec.num_dense_layers,
-                   shared_expert_gate=spec.shared_expert_gate)
+                   shared_expert_gate=spec.shared_expert_gate,
+                   kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank,
+                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim)
 
 
 @dataclass(frozen=True)

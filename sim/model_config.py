@@ -19,9 +19,11 @@ MODELS_DIR = Path(__file__).parent / "models"
 
 # model_type values whose layers are priced: decoder blocks of RoPE attention with GQA and
 # a gated MLP, or that MLP replaced by routed experts.
-SUPPORTED_MODEL_TYPES = ("llama", "llama4", "llama4_text", "mistral", "mixtral", "qwen2",
-                         "qwen2_moe", "qwen3", "qwen3_moe", "yi")
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "llama", "llama4",
+                         "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_moe", "yi")
 LLAMA4_TYPES = ("llama4", "llama4_text")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")  # multi-head latent attention
 
 # Fields whose presence (with a value that turns the mechanism on) names a mechanism the
 # cost model does not price, with the words the error uses.
@@ -87,13 +89,7 @@ def load_config(path: Path) -> dict[str, Any]:
 
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec a Hugging Face config describes (text_config of a multimodal one)."""
-    quantized = config.get("quantization_config")
-    if quantized:  # weights of 8 bits or fewer: priced as 16-bit ones they would be wrong
-        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
-        raise UnsupportedModelError(f"{name}: quantization_config (quant_method {method!r}: "
-                                    "quantized weights) is not read from a config; give the "
-                                    "unquantized model's and --quantization fp8 for FP8 "
-                                    "weights")
+    quantization = _quantization(config.get("quantization_config"), name)
     config = config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)
@@ -106,6 +102,12 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
         # Llama 4 names its expert width intermediate_size and its dense MLP's apart.
         dense_width = config["intermediate_size_mlp" if model_type in LLAMA4_TYPES
                              else "intermediate_size"]
+        if model_type in LLAMA4_TYPES:
+            experts = _llama4_experts(config, layers)
+        elif model_type in DEEPSEEK_TYPES:
+            experts = _deepseek_experts(config, layers) | _latent_attention(config)
+        else:
+            experts = _experts(config, layers)
         return ModelSpec(
             name=name, hidden_size=int(config["hidden_size"]),
             intermediate_size=int(dense_width), num_layers=layers,
@@ -116,12 +118,12 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             rope_theta=float(config.get("rope_theta", 10000.0)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias")),
-            head_dim=int(config.get("head_dim") or 0),
+            head_dim=experts.pop("head_dim", int(config.get("head_dim") or 0)),
             hidden_act=str(config.get("hidden_act", "silu")),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),  # (Llama 4's L2 norm has no weights)
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
-            **(_llama4_experts(config, layers) if model_type in LLAMA4_TYPES
-               else _experts(config, layers)),
+            quantization=quantization,
+            **experts,
         )
     except KeyError as missing:
         raise ValueError(f"{name}: config.json lacks {missing.args[0]}") from None
@@ -132,8 +134,11 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
 def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> None:
     """Raise UnsupportedModelError naming the first field of a mechanism not priced."""
     for key, mechanism in _UNPRICED_FIELDS:
-        # Llama 4's chunks (8,192 tokens) are priced as full attention, said where it runs.
+        # Llama 4's chunks (8,192 tokens) are priced as full attention, said where it runs;
+        # DeepSeek's latent attention is priced.
         if key == "attention_chunk_size" and model_type in LLAMA4_TYPES:
+            continue
+        if key in ("kv_lora_rank", "q_lora_rank") and model_type in DEEPSEEK_TYPES:
             continue
         if config.get(key):
             raise UnsupportedModelError(f"{name}: {key} ({mechanism}) is not supported by "
@@ -149,6 +154,58 @@ def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> 
     if window and uses_window and int(window) < int(max_pos):
         raise UnsupportedModelError(f"{name}: sliding_window={window} (sliding-window "
                                     "attention) is not supported by the cost model")
+
+
+def _quantization(quantized: Any, name: str) -> str | None:
+    """What a checkpoint's quantization_config means for the cost model: "fp8" for FP8
+    weights (quant_method fp8, or compressed-tensors with 8-bit float weights), as vLLM
+    loads them; any other scheme is refused by name, never priced as 16-bit weights."""
+    if not quantized:
+        return None
+    method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+    if method == "fp8":
+        return "fp8"
+    if method == "compressed-tensors":
+        groups = quantized.get("config_groups") or {}
+        weights = [group.get("weights") or {} for group in groups.values()
+                   if isinstance(group, dict)]
+        if weights and all(w.get("type") == "float" and w.get("num_bits") == 8
+                           for w in weights):
+            return "fp8"
+    raise UnsupportedModelError(f"{name}: quantization_config (quant_method {method!r}) is "
+                                "not priced; FP8 weights are (quant_method fp8, or "
+                                "--quantization fp8 with the unquantized model's config)")
+
+
+def _latent_attention(config: dict[str, Any]) -> dict[str, int]:
+    """The ModelSpec fields of DeepSeek's multi-head latent attention: a query's head_dim is
+    its no-RoPE and RoPE parts together."""
+    rope = int(config["qk_rope_head_dim"])
+    return {"kv_lora_rank": int(config["kv_lora_rank"]),
+            "q_lora_rank": int(config.get("q_lora_rank") or 0),
+            "qk_rope_head_dim": rope, "v_head_dim": int(config["v_head_dim"]),
+            "head_dim": int(config["qk_nope_head_dim"]) + rope}
+
+
+def _deepseek_experts(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The ModelSpec expert fields of a DeepSeek-V2/V3 config: n_shared_experts always-on
+    experts (one ungated MLP of their summed width), the first first_k_dense_replace layers
+    dense, an MoE layer every moe_layer_freq after them."""
+    experts = int(config.get("n_routed_experts") or 0)
+    if not experts:
+        return {}
+    width = int(config["moe_intermediate_size"])
+    first = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or 1)
+    moe = sum(1 for i in range(first, layers) if i % freq == 0)
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": int(config["num_experts_per_tok"]),
+        "moe_intermediate_size": width,
+        "shared_expert_intermediate_size": width * int(config.get("n_shared_experts") or 0),
+        "shared_expert_gate": False,
+        "num_dense_layers": layers - moe,
+    }
 
 
 def _llama4_experts(config: dict[str, Any], layers: int) -> dict[str, Any]:

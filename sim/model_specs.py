@@ -48,6 +48,17 @@ class ModelSpec:
     # Llama 4: attention local to chunks of this many tokens in its RoPE layers (0: none).
     # Priced as full attention: exact while a sequence fits one chunk, above it beyond.
     attention_chunk_size: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3; 0: none): K and V live in the KV cache as
+    # one latent of kv_lora_rank plus a shared RoPE key of qk_rope_head_dim per token and
+    # layer, up-projected per head by kv_b; head_dim is a query's (no-RoPE part + RoPE
+    # part), v_head_dim a value's; q goes through a q_lora_rank bottleneck where set.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # A checkpoint's own weight quantization (its config's quantization_config): "fp8", or
+    # None for weights in the serving dtype. --quantization sets it for any checkpoint.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -83,6 +94,23 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def _attention_weights(self) -> int:
+        """One layer's attention projection weights (no biases, no norms)."""
+        h, d, heads = self.hidden_size, self.head_dim, self.num_heads
+        if not self.is_mla:
+            return 2 * h * heads * d + 2 * h * self.num_kv_heads * d
+        q_lora = self.q_lora_rank
+        q = h * q_lora + q_lora * heads * d if q_lora else h * heads * d
+        nope = d - self.qk_rope_head_dim
+        kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim)
+              + self.kv_lora_rank * heads * (nope + self.v_head_dim))
+        return q + kv + heads * self.v_head_dim * h
+
+    @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
 
@@ -94,11 +122,13 @@ class ModelSpec:
     @property
     def attention_params(self) -> int:
         """One layer's attention weights: q, k, v, o (and q/k biases and norms if any)."""
-        h, d = self.hidden_size, self.head_dim
+        d = self.head_dim
         q, kv = self.num_heads * d, self.num_kv_heads * d
         bias = q + 2 * kv if self.qkv_bias else 0
         norms = 2 * self.head_dim if self.qk_norm else 0
-        return h * q * 2 + h * kv * 2 + bias + norms
+        if self.is_mla:  # the q and kv bottlenecks' norms
+            norms = self.q_lora_rank + self.kv_lora_rank
+        return self._attention_weights + bias + norms
 
     @property
     def expert_params(self) -> int:
@@ -134,11 +164,10 @@ class ModelSpec:
         """The linear layers' weights, which FP8 quantization stores in one byte each (vLLM's
         --quantization fp8): q/k/v/o, dense MLPs, shared and routed experts. Embeddings,
         the lm_head, norms, biases and routers keep the model's dtype."""
-        h, d = self.hidden_size, self.head_dim
-        attention = 2 * h * self.num_heads * d + 2 * h * self.num_kv_heads * d
+        h = self.hidden_size
         num_dense = self.num_layers - self.num_moe_layers
         shared = self.mlp_matrices * h * self.shared_expert_intermediate_size
-        return (self.num_layers * attention
+        return (self.num_layers * self._attention_weights
                 + num_dense * self.mlp_matrices * h * self.intermediate_size
                 + self.num_moe_layers * shared + self.expert_params_total)
 
@@ -154,7 +183,10 @@ class ModelSpec:
         return self.num_params - idle * self.expert_params
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Bytes of K and V one token occupies across all layers."""
+        """Bytes of K and V one token occupies across all layers (MLA: the latent and the
+        RoPE key, which every tensor-parallel GPU holds whole)."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 

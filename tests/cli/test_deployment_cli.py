@@ -66,21 +66,41 @@ def test_quantization_fp8_as_vllm_spells_it(tmp_path: Path, capsys) -> None:
         main(["simulate", "--trace", TINY, "--quantization", "int4"])
     assert refused.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
     config = json.loads((MODELS_DIR / "meta-llama--Llama-3.1-8B.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8"}
+    config["quantization_config"] = {"quant_method": "fp8"}  # an FP8 checkpoint: as vLLM
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["simulate", "--trace", TINY, "--model", str(tmp_path),
+            "--json", str(tmp_path / "c.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "c.json").read_text())["deployment_spec"]["quantization"] \
+        == "fp8"
+    config["quantization_config"] = {"quant_method": "awq"}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert main(["simulate", "--trace", TINY, "--model", str(tmp_path)]) == 2
-    assert "--quantization fp8" in capsys.readouterr().err
+    assert "quant_method 'awq'" in capsys.readouterr().err
 
 
-def test_a_deepseek_v3_config_ends_in_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
-        "kv_lora_rank": 512, "q_lora_rank": 1536, "n_routed_experts": 256,
-        "num_experts_per_tok": 8, "vocab_size": 129280}))
+def test_an_unpriced_mechanism_ends_in_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({  # hybrid linear attention
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+                        "full_attention"] * 12, "linear_conv_kernel_dim": 4,
+        "vocab_size": 151936}))
     assert main(["simulate", "--trace", TINY, "--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "kv_lora_rank" in err[0]
+    assert len(err) == 1 and "linear_conv_kernel_dim" in err[0]
+
+
+def test_deepseek_v3_runs_as_vllm_serves_it(tmp_path: Path, capsys) -> None:
+    """DeepSeek-V3's FP8 checkpoint on 8 H200s at TP 8: its latent KV cache, whole on every
+    GPU, sizes the pool; the line says what is extrapolated."""
+    argv = ["simulate", "--trace", TINY, "--model", "deepseek-ai/DeepSeek-V3",
+            "--hardware", "h200", "--tensor-parallel-size", "8",
+            "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    spec = json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+    assert spec["quantization"] == "fp8" and "latent attention" in spec["description"]
+    assert spec["kv_pool"]["block_bytes"] == 61 * (512 + 64) * 2 * 16
 
 
 def test_vllm_flag_names_configure_what_servelab_names_do(tmp_path: Path, capsys) -> None:

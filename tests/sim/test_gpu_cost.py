@@ -210,3 +210,23 @@ def test_tensor_parallel_gpus_under_expert_parallel_share_their_tokens():
         assert dp_ep.mlp_s(n, group_tokens=n) - tp_ep.mlp_s(n) == pytest.approx(exchange)
     with pytest.raises(ValueError, match="must divide"):
         GpuCostModel(shapes, gpu, engine, tensor_parallel=4, expert_parallel=2)
+
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_latent_attention_reads_one_latent_per_token_for_all_heads(tp):
+    """DeepSeek-V2-Lite's decode reads, per context token and layer, one 512 + 64 latent
+    for all 16 heads (whole on every GPU): a fraction of what per-head K and V of the same
+    head_dim would read, and the same at any tp."""
+    mla = _shapes("deepseek-ai/DeepSeek-V2-Lite")
+    mha = replace(mla, kv_lora_rank=0, q_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0)
+    gpu, engine = known_gpu("h100"), load_engine("vllm")
+
+    def slope(shapes: LayerShapes, tensor_parallel: int) -> float:
+        model = GpuCostModel(shapes, gpu, engine, tensor_parallel=tensor_parallel)
+        return model.predict(_decode(8, 4096)) - model.predict(_decode(8, 2048))
+
+    heads = mla.num_heads // tp
+    assert slope(mla, tp) / slope(mha, tp) == pytest.approx(
+        (512 + 64) / (2 * heads * mla.head_dim), rel=0.01)
+    assert slope(mla, tp) == pytest.approx(slope(mla, 1), rel=1e-9)

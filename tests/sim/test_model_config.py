@@ -48,6 +48,10 @@ PUBLISHED_PARAMS = {
     # text model, 107.8B: TOLERANCE below).
     "meta-llama/Llama-4-Scout-17B-16E": 109_000_000_000,
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": 109_000_000_000,
+    # DeepSeek (multi-head latent attention): the main model, without the MTP module.
+    "deepseek-ai/DeepSeek-V3": 671_000_000_000,
+    "deepseek-ai/DeepSeek-R1": 671_000_000_000,
+    "deepseek-ai/DeepSeek-V2-Lite": 15_700_000_000,
     "01-ai/Yi-34B": 34_388_917_248,
 }
 
@@ -64,6 +68,9 @@ KV_BYTES_BF16 = {
     "Qwen/Qwen2-57B-A14B": 2 * 28 * 4 * 128 * 2,
     "mistralai/Mistral-Nemo-Instruct-2407": 2 * 40 * 8 * 128 * 2,  # head_dim 128, not 160
     "meta-llama/Llama-4-Scout-17B-16E": 2 * 48 * 8 * 128 * 2,
+    # MLA: one latent (512) and one RoPE key (64) per token and layer, for all heads.
+    "deepseek-ai/DeepSeek-V3": 61 * (512 + 64) * 2,
+    "deepseek-ai/DeepSeek-V2-Lite": 27 * (512 + 64) * 2,
 }
 TOLERANCE = {"meta-llama/Llama-4-Scout-17B-16E": 0.02,
              "meta-llama/Llama-4-Scout-17B-16E-Instruct": 0.02}
@@ -124,14 +131,14 @@ DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json, the fields that matter h
 
 
 @pytest.mark.parametrize(("changes", "field"), [
-    ({}, "kv_lora_rank"),
+    ({"model_type": "llama"}, "kv_lora_rank"),  # latent attention outside DeepSeek's types
     ({"model_type": "mistral", "kv_lora_rank": None, "q_lora_rank": None,
       "sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window"),
     ({"model_type": "qwen3_next", "kv_lora_rank": None, "q_lora_rank": None,
       "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
     ({"model_type": "gpt2", "kv_lora_rank": None, "q_lora_rank": None}, "model_type"),
     ({"model_type": "llama", "kv_lora_rank": None, "q_lora_rank": None,
-      "quantization_config": {"quant_method": "fp8"}}, "quantization_config.*fp8"),
+      "quantization_config": {"quant_method": "awq"}}, "quantization_config.*awq"),
 ])
 def test_unpriced_mechanisms_are_refused_by_field_name(changes: dict, field: str) -> None:
     with pytest.raises(UnsupportedModelError, match=field):
@@ -173,3 +180,28 @@ def test_llama4_reads_its_own_names_for_experts_and_dense_layers() -> None:
     assert maverick.num_dense_layers == 24 and maverick.intermediate_size == 16384
     assert maverick.num_params == pytest.approx(400e9, rel=0.01)  # "400B total"
     assert maverick.num_active_params == pytest.approx(17e9, rel=0.02)  # "17B active"
+
+
+def test_deepseek_reads_latent_attention_and_its_experts() -> None:
+    """DeepSeek-V3: a query's head_dim is its no-RoPE part and RoPE part (128 + 64); one
+    ungated shared expert of moe_intermediate_size; the first three layers dense; its FP8
+    checkpoint read as FP8 weights, as vLLM loads it."""
+    spec = resolve_model("deepseek-ai/DeepSeek-V3")
+    assert spec.is_mla and (spec.head_dim, spec.v_head_dim, spec.q_lora_rank) == (192, 128, 1536)
+    assert (spec.num_experts, spec.num_experts_per_tok, spec.num_dense_layers) == (256, 8, 3)
+    assert spec.shared_expert_intermediate_size == 2048 and not spec.shared_expert_gate
+    assert spec.quantization == "fp8" and spec.intermediate_size == 18432
+    assert spec.num_active_params == pytest.approx(37e9, rel=0.02)  # "37B activated"
+    lite = resolve_model("deepseek-ai/DeepSeek-V2-Lite")  # no q bottleneck, 2 shared experts
+    assert lite.q_lora_rank == 0 and lite.shared_expert_intermediate_size == 2 * 1408
+    assert lite.quantization is None
+
+
+def test_compressed_tensors_fp8_checkpoints_are_fp8_weights() -> None:
+    config = json.loads((MODELS_DIR / "meta-llama--Llama-3.1-8B.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 8, "type": "float"}}}}
+    assert spec_from_config(config, "m").quantization == "fp8"
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["type"] = "int"
+    with pytest.raises(UnsupportedModelError, match="compressed-tensors"):
+        spec_from_config(config, "m")
