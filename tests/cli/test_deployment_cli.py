@@ -34,27 +34,29 @@ def test_simulate_runs_every_shipped_config(model: str, capsys) -> None:
     assert model in out and "KV pool:" in out
 
 
+def _deployment_spec(tmp_path: Path, capsys, *flags: str) -> dict:
+    """`simulate` of the tiny trace with these flags: the deployment its --json records."""
+    argv = ["simulate", "--trace", TINY, *flags, "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+
+
 @pytest.mark.parametrize("hf_id", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B",
                                    "Qwen/Qwen3-8B", "mistralai/Mistral-7B-v0.3",
                                    "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B"])
 def test_simulate_runs_a_config_json_path(hf_id: str, tmp_path: Path, capsys) -> None:
     config = json.loads((MODELS_DIR / (hf_id.replace("/", "--") + ".json")).read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
-    argv = ["simulate", "--trace", TINY, "--model", str(tmp_path / "config.json"),
-            "--hardware", "h200", "--json", str(tmp_path / "r.json")]
-    assert main(argv) == 0, capsys.readouterr().err
-    spec = json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+    spec = _deployment_spec(tmp_path, capsys, "--model", str(tmp_path / "config.json"),
+                            "--hardware", "h200")
     assert spec["model"]["num_layers"] == config["num_hidden_layers"]
 
 
 def test_quantization_fp8_as_vllm_spells_it(tmp_path: Path, capsys) -> None:
     """`simulate -q fp8` prices FP8 weights and records it; `plan` replays it the same way;
-    an FP8 checkpoint's config is refused with the flag to use instead named."""
-    argv = ["simulate", "--trace", TINY, "--model", "meta-llama/Llama-3.1-70B-Instruct",
-            "--tensor-parallel-size", "2", "--quantization", "fp8",
-            "--json", str(tmp_path / "r.json")]
-    assert main(argv) == 0, capsys.readouterr().err
-    spec = json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+    an FP8 checkpoint's config is read as FP8 weights, another scheme refused by name."""
+    spec = _deployment_spec(tmp_path, capsys, "--model", "meta-llama/Llama-3.1-70B-Instruct",
+                            "--tensor-parallel-size", "2", "--quantization", "fp8")
     assert spec["quantization"] == "fp8" and "fp8 weights" in spec["description"]
     argv = ["plan", "--trace", TINY, "--hardware", "h100", "--tp", "1", "--pd-ratios", "",
             "--workers", "1", "--rate-range", "1,2", "-q", "fp8",
@@ -68,11 +70,7 @@ def test_quantization_fp8_as_vllm_spells_it(tmp_path: Path, capsys) -> None:
     config = json.loads((MODELS_DIR / "meta-llama--Llama-3.1-8B.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8"}  # an FP8 checkpoint: as vLLM
     (tmp_path / "config.json").write_text(json.dumps(config))
-    argv = ["simulate", "--trace", TINY, "--model", str(tmp_path),
-            "--json", str(tmp_path / "c.json")]
-    assert main(argv) == 0, capsys.readouterr().err
-    assert json.loads((tmp_path / "c.json").read_text())["deployment_spec"]["quantization"] \
-        == "fp8"
+    assert _deployment_spec(tmp_path, capsys, "--model", str(tmp_path))["quantization"] == "fp8"
     config["quantization_config"] = {"quant_method": "awq"}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert main(["simulate", "--trace", TINY, "--model", str(tmp_path)]) == 2
@@ -94,11 +92,8 @@ def test_an_unpriced_mechanism_ends_in_one_line_and_exit_2(tmp_path: Path, capsy
 def test_deepseek_v3_runs_as_vllm_serves_it(tmp_path: Path, capsys) -> None:
     """DeepSeek-V3's FP8 checkpoint on 8 H200s at TP 8: its latent KV cache, whole on every
     GPU, sizes the pool; the line says what is extrapolated."""
-    argv = ["simulate", "--trace", TINY, "--model", "deepseek-ai/DeepSeek-V3",
-            "--hardware", "h200", "--tensor-parallel-size", "8",
-            "--json", str(tmp_path / "r.json")]
-    assert main(argv) == 0, capsys.readouterr().err
-    spec = json.loads((tmp_path / "r.json").read_text())["deployment_spec"]
+    spec = _deployment_spec(tmp_path, capsys, "--model", "deepseek-ai/DeepSeek-V3",
+                            "--hardware", "h200", "--tensor-parallel-size", "8")
     assert spec["quantization"] == "fp8" and "latent attention" in spec["description"]
     assert spec["kv_pool"]["block_bytes"] == 61 * (512 + 64) * 2 * 16
 
