@@ -17,8 +17,8 @@ from sim.model_specs import MODEL_SPECS, ModelSpec
 
 MODELS_DIR = Path(__file__).parent / "models"
 
-# model_type values whose layers are priced: decoder blocks of RoPE attention with GQA and
-# a gated MLP, or that MLP replaced by routed experts.
+# model_type values whose layers are priced: decoder blocks of RoPE attention with GQA (or
+# DeepSeek's latent attention) and a gated MLP, or that MLP replaced by routed experts.
 SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "llama", "llama4",
                          "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                          "qwen3_moe", "yi")
