@@ -21,16 +21,23 @@ from tests.serve.route_fakes import FakeClock, FakeUpstream
 from tests.serve.test_route import post, router_metric
 
 BACKOFF_S = 1000.0  # on the fake clock: nothing comes back until the test advances it
+# A hung upstream reaches these every time; the healthy fake, which answers at once, must
+# never reach them, even on a loaded machine whose threads wait their turn for a while (at
+# 0.3 s, three checks of the healthy fake in a row timed out under load: both upstreams out,
+# and a request sent to the hung one in the panic that followed).
+CHECK_TIMEOUT_S = 1.0
+FIRST_BYTE_TIMEOUT_S = 2.0
 
 
 def hung_router(urls: list[str], clock: FakeClock, checks: bool) -> RouterThread:
-    """Round-robin with short timeouts (a hung upstream always reaches them) and ejection
-    after 3 failures for BACKOFF_S fake seconds."""
-    health = HealthConfig(check_interval_s=0.05 if checks else 0.0, check_timeout_s=0.3,
-                          eject_after_failures=3, ejection_base_s=BACKOFF_S,
-                          ejection_max_s=4 * BACKOFF_S)
+    """Round-robin with timeouts a hung upstream always reaches and ejection after 3
+    failures for BACKOFF_S fake seconds."""
+    health = HealthConfig(check_interval_s=0.05 if checks else 0.0,
+                          check_timeout_s=CHECK_TIMEOUT_S, eject_after_failures=3,
+                          ejection_base_s=BACKOFF_S, ejection_max_s=4 * BACKOFF_S)
     config = RouteConfig(tuple(urls), RouterConfig("round-robin"), 0.05,
-                         connect_timeout_s=0.5, first_byte_timeout_s=1.0, health=health)
+                         connect_timeout_s=0.5, first_byte_timeout_s=FIRST_BYTE_TIMEOUT_S,
+                         health=health)
     return RouterThread(config, clock=clock)
 
 
@@ -75,7 +82,7 @@ def test_hung_upstream_is_ejected_by_checks_and_back_in_rotation_after_the_backo
         entry = wait_for_state(r, stopped.url, "ejected")
         assert entry["consecutive_check_failures"] >= 3 and entry["ejections"] == 1
         assert entry["ejected_until"] > time.time() + BACKOFF_S / 2
-        assert "no answer within 0.3 s" in entry["last_failure"]
+        assert f"no answer within {CHECK_TIMEOUT_S} s" in entry["last_failure"]
         assert answers(r, 100) == {(200, "a"): 100}
         assert router_metric(r.url, "servelab_router_upstream_ejected", upstream=stopped.url) == 1
         assert router_metric(r.url, "servelab_router_ejections_total", upstream=stopped.url) == 1
