@@ -77,7 +77,8 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     flops_s = cost.hardware.flops_for(cost.dtype) * cost.flops_efficiency  # one GPU's
     # The linear layers' GEMMs: FP8 tensor cores under FP8 quantization (weights and
     # activations in FP8), else the dtype's.
-    linear_flops_s = cost.hardware.flops_for(cost.linear_dtype) * cost.flops_efficiency
+    linear_flops_s = (cost.hardware.flops_for(cost.quantization or cost.dtype)
+                      * cost.flops_efficiency)
     bytes_s = cost.hardware.mem_bandwidth_bytes_s * cost.bandwidth_efficiency  # one GPU's
     linear_bytes = cost.linear_bytes
     embed_params = spec.vocab_size * spec.hidden_size  # one vocab x hidden matrix
@@ -89,8 +90,7 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     # weights are read per step by the experts its tokens reach (predict adds them).
     read_params = spec.num_params - spec.expert_params_total - (num_matrices - 1) * embed_params
     dense_linear = spec.quantizable_params - spec.expert_params_total  # (of read_params)
-    read_bytes = (read_params * dtype_bytes if linear_bytes == dtype_bytes else
-                  (read_params - dense_linear) * dtype_bytes + dense_linear * linear_bytes)
+    read_bytes = (read_params - dense_linear) * dtype_bytes + dense_linear * linear_bytes
     # Each GPU stores K/V for ceil(num_kv_heads / tp) heads: a slice of them while
     # tp <= num_kv_heads, one replicated head beyond that (as vLLM does).
     kv_heads_per_gpu = math.ceil(spec.num_kv_heads / tp)

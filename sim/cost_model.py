@@ -79,7 +79,6 @@ class AnalyticCostModel:
     # Derived at construction; all times in seconds per unit named, on each GPU.
     dtype_bytes: int = field(init=False, repr=False)
     linear_bytes: int = field(init=False, repr=False)  # a linear layer's weight
-    linear_dtype: str = field(init=False, repr=False)  # the tensor cores its GEMMs run on
     weight_bytes: int = field(init=False, repr=False)  # every parameter, summed over the GPUs
     gpu_kv_bytes_per_token: int = field(init=False, repr=False)  # K+V one GPU holds a token
     _compute_s_per_token: float = field(init=False, repr=False, compare=False)
@@ -123,7 +122,6 @@ class AnalyticCostModel:
         if fp8:
             check_fp8(self.hardware.name, self.hardware.peak_fp8_flops)
         object.__setattr__(self, "linear_bytes", 1 if fp8 else DTYPE_BYTES[self.dtype])
-        object.__setattr__(self, "linear_dtype", "fp8" if fp8 else self.dtype)
         if self.reserve_bytes is None:
             object.__setattr__(self, "reserve_bytes", vllm_reserve_bytes(
                 self.model, ProfileShape(), DTYPE_BYTES[self.dtype], self.tensor_parallel,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.core import BatchPlan, Request, StepResult
-from sim.cost_model import check_fp8
+from sim.cost_model import QUANTIZATIONS, check_fp8
 from sim.gpu_shapes import GpuPeaks, LayerShapes
 from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms, moe_experts_s
 from sim.gpu_terms import gemm_s as _gemm_s
@@ -95,8 +95,9 @@ class GpuCostModel:
         # byte, their GEMMs on FP8 tensor cores over activations quantized before each (a
         # small op), at the efficiencies fitted for 16-bit GEMMs (both terms scale alike:
         # twice the peak, half the weight bytes). lm_head, router and KV stay 16-bit.
-        if quantization not in (None, "fp8"):
-            raise ValueError(f"GpuCostModel: quantization {quantization!r}: choose fp8")
+        if quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"GpuCostModel: quantization {quantization!r}: choose from "
+                             f"{', '.join(QUANTIZATIONS)}")
         if quantization:
             check_fp8(peaks.name, peaks.peak_fp8_flops)
         self.quantization = quantization

@@ -26,13 +26,14 @@ LLAMA4_TYPES = ("llama4", "llama4_text")
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")  # multi-head latent attention
 
 # Fields whose presence (with a value that turns the mechanism on) names a mechanism the
-# cost model does not price, with the words the error uses.
-_UNPRICED_FIELDS = (
-    ("kv_lora_rank", "multi-head latent attention"),
-    ("q_lora_rank", "multi-head latent attention"),
-    ("linear_conv_kernel_dim", "linear attention"),
-    ("full_attention_interval", "hybrid linear attention"),
-    ("attention_chunk_size", "chunked local attention"),
+# cost model prices only for the model types given, with the words the error uses. Llama 4's
+# chunks (8,192 tokens) are priced as full attention, which the deployment line says.
+_MECHANISM_FIELDS = (
+    ("kv_lora_rank", "multi-head latent attention", DEEPSEEK_TYPES),
+    ("q_lora_rank", "multi-head latent attention", DEEPSEEK_TYPES),
+    ("linear_conv_kernel_dim", "linear attention", ()),
+    ("full_attention_interval", "hybrid linear attention", ()),
+    ("attention_chunk_size", "chunked local attention", LLAMA4_TYPES),
 )
 
 
@@ -102,12 +103,13 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
         # Llama 4 names its expert width intermediate_size and its dense MLP's apart.
         dense_width = config["intermediate_size_mlp" if model_type in LLAMA4_TYPES
                              else "intermediate_size"]
+        # Each family's expert fields (and DeepSeek's attention, its head_dim among them).
         if model_type in LLAMA4_TYPES:
-            experts = _llama4_experts(config, layers)
+            family = _llama4_experts(config, layers)
         elif model_type in DEEPSEEK_TYPES:
-            experts = _deepseek_experts(config, layers) | _latent_attention(config)
+            family = _deepseek_experts(config, layers) | _latent_attention(config)
         else:
-            experts = _experts(config, layers)
+            family = _experts(config, layers)
         return ModelSpec(
             name=name, hidden_size=int(config["hidden_size"]),
             intermediate_size=int(dense_width), num_layers=layers,
@@ -118,12 +120,12 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             rope_theta=float(config.get("rope_theta", 10000.0)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias")),
-            head_dim=experts.pop("head_dim", int(config.get("head_dim") or 0)),
+            head_dim=family.pop("head_dim", int(config.get("head_dim") or 0)),
             hidden_act=str(config.get("hidden_act", "silu")),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),  # (Llama 4's L2 norm has no weights)
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
             quantization=quantization,
-            **experts,
+            **family,
         )
     except KeyError as missing:
         raise ValueError(f"{name}: config.json lacks {missing.args[0]}") from None
@@ -133,14 +135,8 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
 
 def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> None:
     """Raise UnsupportedModelError naming the first field of a mechanism not priced."""
-    for key, mechanism in _UNPRICED_FIELDS:
-        # Llama 4's chunks (8,192 tokens) are priced as full attention, said where it runs;
-        # DeepSeek's latent attention is priced.
-        if key == "attention_chunk_size" and model_type in LLAMA4_TYPES:
-            continue
-        if key in ("kv_lora_rank", "q_lora_rank") and model_type in DEEPSEEK_TYPES:
-            continue
-        if config.get(key):
+    for key, mechanism, priced_for in _MECHANISM_FIELDS:
+        if config.get(key) and model_type not in priced_for:
             raise UnsupportedModelError(f"{name}: {key} ({mechanism}) is not supported by "
                                         "the cost model")
     layer_types = config.get("layer_types") or []
