@@ -18,7 +18,8 @@ from functools import partial
 import numpy as np
 
 from calibration.splitwise import splitwise_steps
-from sim.gpu_cost import EngineOverhead, GpuCostModel
+from sim.engine_overhead import EngineOverhead
+from sim.gpu_cost import GpuCostModel
 from sim.gpu_shapes import known_gpu, known_shapes
 
 # vLLM V1's host time per step that CUDA graphs do not hide: the scheduler, input

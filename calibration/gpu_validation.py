@@ -18,7 +18,8 @@ import numpy as np
 
 from calibration.gpu_replay import METRICS, load_runs, replay
 from calibration.splitwise import splitwise_steps
-from sim.gpu_cost import GpuCostModel, load_engine
+from sim.engine_overhead import load_engine
+from sim.gpu_cost import GpuCostModel
 from sim.gpu_shapes import known_gpu, known_shapes
 
 

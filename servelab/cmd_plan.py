@@ -14,7 +14,7 @@ from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_
 from sim.cluster import DEFAULT_KV_LINK_GBPS
 from sim.cost_model import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
-from sim.gpu_cost import coverage as gpu_coverage
+from sim.gpu_terms import coverage as gpu_coverage
 from sim.hardware import HARDWARE_SPECS
 from sim.model_config import resolve_model
 from sim.router import ROUTERS

@@ -14,8 +14,8 @@ from typing import Any
 from sim.calibrated import CalibratedCostModel
 from sim.core import Backend
 from sim.cost_model import DTYPE_BYTES, AnalyticCostModel
-from sim.gpu_cost import coverage as gpu_coverage
 from sim.gpu_cost import gpu_cost_backend
+from sim.gpu_terms import coverage as gpu_coverage
 from sim.hardware import GiB, HardwareSpec, hardware_spec
 from sim.kv_reserve import DEFAULT_PROFILE_TOKENS, ProfileShape, vllm_reserve_bytes
 from sim.model_config import resolve_model

@@ -5,59 +5,23 @@ by tokens per expert, norms/RoPE/activation/add, LM head, sampling) costs the la
 FLOPs over peak x eff_compute(rows) and its bytes over bandwidth x eff_memory(rows), with
 efficiencies fitted on operator profiles (sim/data/gpu_cost_fit.json); all-reduces and the
 expert-parallel exchange by message size and GPUs; and the engine's per-step CPU time as
-its own term. Per-token-count parts are cached, so `predict` is a few lookups a step.
+its own term (sim.engine_overhead). Per-token-count parts are cached, so `predict` is a few
+lookups a step.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 from sim.core import BatchPlan, Request, StepResult
 from sim.cost_model import QUANTIZATIONS, check_fp8
+from sim.engine_overhead import EngineOverhead, load_engine
 from sim.gpu_shapes import GpuPeaks, LayerShapes
-from sim.gpu_terms import FIT_PATH, GpuTerms, load_terms, moe_experts_s
+from sim.gpu_terms import GpuTerms, load_terms, moe_experts_s
 from sim.gpu_terms import gemm_s as _gemm_s
 from sim.gpu_terms import small_op_s as _small_op_s
 from sim.hardware import HardwareSpec
 from sim.model_specs import ModelSpec
-
-
-@dataclass(frozen=True)
-class EngineOverhead:
-    """Host time of one engine step that the GPU kernels do not hide."""
-
-    name: str
-    step_s: float  # scheduling, input preparation, output processing: once a step
-    # Eager engines (no CUDA graphs): the host's time to dispatch one kernel; a layer takes
-    # at least its kernels' dispatch time (0 under CUDA graphs).
-    per_kernel_s: float
-    per_row_s: float  # input preparation and detokenisation per scheduled sequence
-    source: str  # which data set set these numbers
-    # Async scheduling (vLLM V1): the host prepares step n+1 while the GPU runs step n, so
-    # a step takes the longer of the two instead of their sum.
-    overlapped: bool = False
-    # The engine's kernels' FLOP/s as a fraction of the profiled kernels' (an older software
-    # stack: other GEMM and attention libraries); 1 for the stack the profiles measured.
-    compute_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        for key in ("step_s", "per_kernel_s", "per_row_s"):
-            if not getattr(self, key) >= 0.0:
-                raise ValueError(f"engine {self.name}: {key} must be >= 0")
-        if not 0.0 < self.compute_scale <= 1.0:
-            raise ValueError(f"engine {self.name}: compute_scale must be in (0, 1]")
-
-
-def load_engine(name: str, path: Path = FIT_PATH) -> EngineOverhead:
-    """An engine's overhead terms from the fit file, by name (vllm, splitwise)."""
-    engines = json.loads(path.read_text())["engines"]
-    if name not in engines:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(engines)}")
-    e = engines[name]
-    return EngineOverhead(name, e["step_s"], e["per_kernel_s"], e["per_row_s"], e["source"],
-                          e.get("overlapped", False), e.get("compute_scale", 1.0))
 
 
 class GpuCostModel:
@@ -385,27 +349,6 @@ class GpuCostModel:
 
     def free(self, request: Request) -> None:
         """Backend protocol: the cost model keeps no per-request state."""
-
-
-def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) -> str:
-    """One line: whether the GPU, the model and the step shapes lie inside the fitted data."""
-    entry = json.loads(path.read_text())["gpus"].get(gpu)
-    if entry is None:
-        return (f"GPU {gpu} outside the fitted data: extrapolated from its datasheet with the "
-                f"fitted GPUs' median efficiencies")
-    wanted = model_name.lower().replace("meta-", "").split("/")[-1]
-    # Each profile reads "<source> <model> [tpN]"; a fine-tuned variant (-Instruct-2507)
-    # has its base model's shapes.
-    names = {p.split()[1].lower().replace("meta-", "").removesuffix("-hf")
-             for p in entry["covered"]["profiles"]}
-    profiled = any(name == wanted or wanted.startswith(name + "-") for name in names)
-    model_note = ("model profiled on it" if profiled
-                  else f"model {model_name} not profiled there: priced by the GPU's fitted curves")
-    limit = entry["covered"]["max_tokens"]
-    shape_note = (f"steps up to {max_tokens} tokens inside the profiled {limit}"
-                  if max_tokens <= limit else
-                  f"steps up to {max_tokens} tokens beyond the profiled {limit}: extrapolated")
-    return f"GPU {gpu} fitted ({entry['source']}); {model_note}; {shape_note}"
 
 
 def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: int = 1,

@@ -211,3 +211,24 @@ def _check_terms(terms: GpuTerms) -> None:
     if not (len(terms.gemm_tokens) == len(terms.gemm_eff_compute)
             == len(terms.gemm_eff_memory) > 0):
         raise ValueError(f"GPU cost fit for {terms.name}: gemm table lengths differ")
+
+
+def coverage(model_name: str, gpu: str, max_tokens: int, path: Path = FIT_PATH) -> str:
+    """One line: whether the GPU, the model and the step shapes lie inside the fitted data."""
+    entry = json.loads(path.read_text())["gpus"].get(gpu)
+    if entry is None:
+        return (f"GPU {gpu} outside the fitted data: extrapolated from its datasheet with the "
+                f"fitted GPUs' median efficiencies")
+    wanted = model_name.lower().replace("meta-", "").split("/")[-1]
+    # Each profile reads "<source> <model> [tpN]"; a fine-tuned variant (-Instruct-2507)
+    # has its base model's shapes.
+    names = {p.split()[1].lower().replace("meta-", "").removesuffix("-hf")
+             for p in entry["covered"]["profiles"]}
+    profiled = any(name == wanted or wanted.startswith(name + "-") for name in names)
+    model_note = ("model profiled on it" if profiled
+                  else f"model {model_name} not profiled there: priced by the GPU's fitted curves")
+    limit = entry["covered"]["max_tokens"]
+    shape_note = (f"steps up to {max_tokens} tokens inside the profiled {limit}"
+                  if max_tokens <= limit else
+                  f"steps up to {max_tokens} tokens beyond the profiled {limit}: extrapolated")
+    return f"GPU {gpu} fitted ({entry['source']}); {model_note}; {shape_note}"

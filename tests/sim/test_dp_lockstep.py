@@ -5,7 +5,8 @@ from __future__ import annotations
 from sim.core import BatchPlan, Request
 from sim.dp_lockstep import group_step_s, run_lockstep
 from sim.engine import Engine
-from sim.gpu_cost import GpuCostModel, load_engine
+from sim.engine_overhead import load_engine
+from sim.gpu_cost import GpuCostModel
 from sim.gpu_shapes import known_gpu, known_shapes
 from sim.scheduler import Scheduler, SchedulerConfig
 

@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from sim.core import BatchPlan
-from sim.gpu_cost import EngineOverhead, GpuCostModel, coverage, load_engine
+from sim.engine_overhead import EngineOverhead, load_engine
+from sim.gpu_cost import GpuCostModel
 from sim.gpu_shapes import LayerShapes, known_gpu, known_shapes
-from sim.gpu_terms import load_terms
+from sim.gpu_terms import coverage, load_terms
 from sim.model_config import resolve_model
 
 GPUS = ("a100-80gb", "h100", "rtx-4090", "rtx-pro-6000", "h200")
