@@ -113,13 +113,13 @@ class Engine:
         and its record."""
         scheduler = self.scheduler
         deferred, bm = scheduler.deferred, scheduler.block_manager
-        if on_step is None:  # up to a step that changes rows at its end (a run's last) at once
+        # Up to a step that changes rows at its end (a run's last) at once.
+        count = min(last - first, deferred.steps_before_event() + 1)
+        while count >= TOGETHER_MIN:
+            start_s = self._quiet_steps_together(start_s, durations, first, first + count,
+                                                 begun, on_step)
+            first += count
             count = min(last - first, deferred.steps_before_event() + 1)
-            while count >= TOGETHER_MIN:
-                start_s = self._quiet_steps_together(start_s, durations, first, first + count,
-                                                     begun)
-                first += count
-                count = min(last - first, deferred.steps_before_event() + 1)
         allocate, try_allocate = deferred.allocate, bm.try_allocate
         update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.add_packed
         batch_size = decode_seqs = num_tokens = len(deferred.rows)
@@ -144,10 +144,12 @@ class Engine:
                 on_step(end_s, finished)
 
     def _quiet_steps_together(self, start_s: float, durations: list[float], first: int,
-                              last: int, begun: int) -> float:
+                              last: int, begun: int,
+                              on_step: Callable[[float, list[Request]], None] | None) -> float:
         """quiet_steps for steps first..last-1, of which only the last may change rows at its
-        end: their blocks in one pass (in the order a step at a time takes them), the last
-        one's row events, then their records; returns when the last ends."""
+        end: their blocks in one pass (in the order a step at a time takes them), then each
+        one's record and on_step in turn, the last one's row events before its own; returns
+        when the last ends."""
         scheduler = self.scheduler
         deferred, bm = scheduler.deferred, scheduler.block_manager
         used_before = bm.num_used_blocks
@@ -156,26 +158,28 @@ class Engine:
             raise RuntimeError("a quiet step found no KV block")
         batch_size = decode_seqs = num_tokens = len(deferred.rows)
         prefill_tokens = padding_rows = num_preempted = 0
-        num_waiting, running_before = len(scheduler.waiting), len(scheduler.running)
+        num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
         ends = list(accumulate(durations[first:last], initial=start_s))  # (the same sums)
         starts = ends[:-1]
         del ends[0]
-        end_s = ends.pop()
-        deferred.advance(ends)
-        finished = deferred.update(end_s, bm.cache_blocks)
+        deferred.advance(ends[:-1])
+        record, final = self.steps.add_packed, last - first - 1
         used = [used_before + n for n in taken]
-        running = [running_before] * len(taken)
-        if finished:
-            scheduler.finish_deferred(finished, end_s)
-            for request in finished:
-                self.backend.free(request)
-            used[-1], running[-1] = bm.num_used_blocks, len(scheduler.running)
-        record = self.steps.add_packed
-        for start_s, duration_s, kv_blocks_used, num_running in zip(
-                starts, durations[first:last], used, running, strict=True):
+        finished: list[Request] = []
+        for j, (start_s, duration_s, end_s, kv_blocks_used) in enumerate(
+                zip(starts, durations[first:last], ends, used, strict=True)):
+            if j == final:  # the last step: its row events first
+                finished = deferred.update(end_s, bm.cache_blocks)
+                if finished:
+                    scheduler.finish_deferred(finished, end_s)
+                    for request in finished:
+                        self.backend.free(request)
+                    kv_blocks_used, num_running = bm.num_used_blocks, len(scheduler.running)
             record(pack(
                 start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
                 padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
+            if on_step is not None:
+                on_step(end_s, finished)
         return end_s
 
     def begin_quiet_step(self) -> None:

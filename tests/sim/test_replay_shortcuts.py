@@ -2,8 +2,9 @@
 a cut run's engine woken without an interrupt, least-requests counts kept as queues change.
 
 Each replay runs twice: with no on_step (the shortcuts on) and with an on_step that does
-nothing (quiet steps one at a time, cuts by interrupt), and must give identical token times,
-finishes, step records and block ids (the order the pool would hand out its free blocks).
+nothing (cuts by interrupt) and quiet steps applied one at a time, and must give identical
+token times, finishes, step records and block ids (the order the pool would hand out its free
+blocks). Quiet steps applied together call an on_step as one at a time would.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim import engine as engine_module
 from sim.cluster import ClusterConfig, _Cluster, run_cluster
 from sim.core import Request
 from sim.cost_model import AnalyticCostModel
@@ -24,18 +26,21 @@ from tests.sim.test_deferred import outcome
 
 
 def _nothing(now: float, finished: list[Request]) -> None:
-    """An on_step: its presence alone turns the shortcuts off."""
+    """An on_step: its presence alone turns the cluster's cut without interrupt off."""
 
 
 def _replay(backend, config: SchedulerConfig, requests: list[Request],
-            cluster: ClusterConfig | None, shortcuts: bool) -> tuple:
+            cluster: ClusterConfig | None, shortcuts: bool, on_step=None) -> tuple:
     engines = [Engine(Scheduler(config), backend)
                for _ in range(cluster.num_engines if cluster else 1)]
-    on_step = None if shortcuts else _nothing
-    if cluster:
-        run_cluster(requests, engines, cluster, on_step=on_step)
-    else:
-        run_trace(requests, engines[0], on_step=on_step)
+    on_step = on_step or (None if shortcuts else _nothing)
+    with pytest.MonkeyPatch.context() as patch:
+        if not shortcuts:  # every quiet step applied on its own
+            patch.setattr(engine_module, "TOGETHER_MIN", 1 << 62)
+        if cluster:
+            run_cluster(requests, engines, cluster, on_step=on_step)
+        else:
+            run_trace(requests, engines[0], on_step=on_step)
     pools = [e.scheduler.block_manager for e in engines]
     return outcome(requests, engines), [bm.take_blocks(bm.num_free_blocks) for bm in pools]
 
@@ -75,6 +80,28 @@ def test_quiet_steps_applied_together_take_the_blocks_one_at_a_time_would(config
     together = _replay(backend, config, requests(), None, True)
     assert calls["together"] > 50
     assert together == _replay(backend, config, requests(), None, False)
+
+
+@pytest.mark.parametrize("cluster", [None, ClusterConfig(num_replicas=3,
+                                                          router=RouterConfig("least-requests"))],
+                         ids=["one engine", "cluster"])
+def test_quiet_steps_applied_together_call_on_step_as_one_at_a_time_would(cluster, calls):
+    """A step hook (an SLO watch, a progress bar, a closed loop) sees every step's end and
+    the requests it finished, in the same order, whichever way quiet steps are applied."""
+    backend = ConstantBackend(step_s=STEP_S)
+    config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
+                             num_blocks=120)
+    seen: dict[bool, list] = {True: [], False: []}
+    outcomes = {}
+    for together in (True, False):
+        def hook(now: float, finished: list[Request], log=seen[together]) -> None:
+            log.append((now, [r.request_id for r in finished]))
+        outcomes[together] = _replay(backend, config, grid_workload(300, 4, 16), cluster,
+                                     together, on_step=hook)
+    assert calls["together"] > 50
+    assert outcomes[True] == outcomes[False]
+    assert seen[True] == seen[False]
+    assert sum(len(f) for _, f in seen[True]) == 300
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
