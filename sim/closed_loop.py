@@ -223,6 +223,8 @@ class _ClosedReplay(_Replay):
 class _ClosedCluster(_Cluster):
     """A cluster replay whose arrivals come from the loop (routed at their release time)."""
 
+    interrupts_cuts = True  # its on_step starts a release process per answered request
+
     def __init__(self, env: simpy.Environment, engines: list[Engine], config: ClusterConfig,
                  on_step: OnStep | None, loop: ClosedLoop) -> None:
         self.loop = loop

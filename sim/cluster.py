@@ -84,6 +84,8 @@ class _Cluster:
     """The processes of one cluster replay: arrivals, one stepping loop per engine, and a
     KV hand-off per disaggregated request."""
 
+    interrupts_cuts = False  # whether its on_step starts processes (_cut interrupts then)
+
     def __init__(self, env: simpy.Environment, engines: list[Engine], config: ClusterConfig,
                  on_step: Callable[[float, list[Request]], None] | None) -> None:
         self.env, self.engines, self.config, self.on_step = env, engines, config, on_step
@@ -187,10 +189,11 @@ class _Cluster:
         Its process moves to a timeout made now; the old one fires with no one waiting, as
         an interrupted process's would. An interrupt makes the same timeout once delivered,
         and until then only interrupts of engines cut earlier at this instant come first
-        (requests come from the arrival process alone), so events keep their order. An
-        on_step callback may start processes whose events come in between: with one, the
-        process is interrupted (tests/sim/test_replay_shortcuts.py compares the two)."""
-        if self.on_step is not None:
+        (requests come from the arrival process alone), so events keep their order. Where
+        the step hook starts processes whose events come in between (a closed loop's
+        releases: interrupts_cuts), the process is interrupted instead
+        (tests/sim/test_replay_shortcuts.py compares the two)."""
+        if self.interrupts_cuts:
             self.processes[index].interrupt()
             return
         old = self.run_ends[index]

@@ -1,10 +1,10 @@
 """The replay's shortcuts decide what the plain path decides: quiet steps applied together,
 a cut run's engine woken without an interrupt, least-requests counts kept as queues change.
 
-Each replay runs twice: with no on_step (the shortcuts on) and with an on_step that does
-nothing (cuts by interrupt) and quiet steps applied one at a time, and must give identical
-token times, finishes, step records and block ids (the order the pool would hand out its free
-blocks). Quiet steps applied together call an on_step as one at a time would.
+Each replay runs twice: with the shortcuts on, and with quiet steps applied one at a time and
+cuts by interrupt, and must give identical token times, finishes, step records and block ids
+(the order the pool would hand out its free blocks). Quiet steps applied together call an
+on_step as one at a time would.
 """
 
 from __future__ import annotations
@@ -25,18 +25,14 @@ from tests.sim.test_coast import STEP_S, grid_workload
 from tests.sim.test_deferred import outcome
 
 
-def _nothing(now: float, finished: list[Request]) -> None:
-    """An on_step: its presence alone turns the cluster's cut without interrupt off."""
-
-
 def _replay(backend, config: SchedulerConfig, requests: list[Request],
             cluster: ClusterConfig | None, shortcuts: bool, on_step=None) -> tuple:
     engines = [Engine(Scheduler(config), backend)
                for _ in range(cluster.num_engines if cluster else 1)]
-    on_step = on_step or (None if shortcuts else _nothing)
     with pytest.MonkeyPatch.context() as patch:
-        if not shortcuts:  # every quiet step applied on its own
+        if not shortcuts:  # every quiet step applied on its own, every cut an interrupt
             patch.setattr(engine_module, "TOGETHER_MIN", 1 << 62)
+            patch.setattr(_Cluster, "interrupts_cuts", True)
         if cluster:
             run_cluster(requests, engines, cluster, on_step=on_step)
         else:
@@ -56,7 +52,7 @@ def calls(monkeypatch):
         return together(self, *args)
 
     def counting_cut(self, index, end_s):
-        counts["cuts"] += self.on_step is None
+        counts["cuts"] += not self.interrupts_cuts
         cut(self, index, end_s)
 
     monkeypatch.setattr(Engine, "_quiet_steps_together", counting_together)
