@@ -30,11 +30,15 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2}
 QUANTIZATIONS: tuple[str, ...] = ("fp8",)
 
 
-def check_fp8(gpu: str, peak_fp8_flops: float | None) -> None:
-    """Raise unless the GPU has FP8 tensor cores. vLLM runs FP8 weights on others (A100) as
-    weight-only Marlin kernels, 16-bit GEMMs on weights widened as they are read; neither
-    cost model prices those."""
-    if not peak_fp8_flops:
+def check_quantization(owner: str, quantization: str | None, gpu: str,
+                       peak_fp8_flops: float | None) -> None:
+    """Raise unless quantization is None or one of QUANTIZATIONS the GPU runs: FP8 needs FP8
+    tensor cores. vLLM runs FP8 weights on others (A100) as weight-only Marlin kernels,
+    16-bit GEMMs on weights widened as they are read; neither cost model prices those."""
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ValueError(f"{owner}: quantization {quantization!r}: choose from "
+                         f"{', '.join(QUANTIZATIONS)}")
+    if quantization and not peak_fp8_flops:
         raise ValueError(f"--quantization fp8: {gpu} has no FP8 tensor cores (vLLM's "
                          "weight-only FP8 there is not priced)")
 
@@ -115,13 +119,10 @@ class AnalyticCostModel:
             )
         check_parallel(self.model, self.hardware, self.tensor_parallel, self.data_parallel,
                        self.expert_parallel)
-        if self.quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"AnalyticCostModel: quantization {self.quantization!r}: choose "
-                             f"from {', '.join(QUANTIZATIONS)}")
-        fp8 = self.quantization == "fp8"
-        if fp8:
-            check_fp8(self.hardware.name, self.hardware.peak_fp8_flops)
-        object.__setattr__(self, "linear_bytes", 1 if fp8 else DTYPE_BYTES[self.dtype])
+        check_quantization("AnalyticCostModel", self.quantization, self.hardware.name,
+                           self.hardware.peak_fp8_flops)
+        object.__setattr__(self, "linear_bytes",
+                           1 if self.quantization == "fp8" else DTYPE_BYTES[self.dtype])
         if self.reserve_bytes is None:
             object.__setattr__(self, "reserve_bytes", vllm_reserve_bytes(
                 self.model, ProfileShape(), DTYPE_BYTES[self.dtype], self.tensor_parallel,

@@ -12,7 +12,7 @@ engine's host time and how a step adds these up are sim.gpu_cost's.
 from __future__ import annotations
 
 from sim.core import BatchPlan
-from sim.cost_model import QUANTIZATIONS, check_fp8
+from sim.cost_model import check_quantization
 from sim.gpu_shapes import GpuPeaks, LayerShapes
 from sim.gpu_terms import GpuTerms, moe_experts_s
 from sim.gpu_terms import gemm_s as _gemm_s
@@ -40,11 +40,7 @@ class LayerCost:
         # byte, their GEMMs on FP8 tensor cores over activations quantized before each (a
         # small op), at the efficiencies fitted for 16-bit GEMMs (both terms scale alike:
         # twice the peak, half the weight bytes). lm_head, router and KV stay 16-bit.
-        if quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"{name}: quantization {quantization!r}: choose from "
-                             f"{', '.join(QUANTIZATIONS)}")
-        if quantization:
-            check_fp8(peaks.name, peaks.peak_fp8_flops)
+        check_quantization(name, quantization, peaks.name, peaks.peak_fp8_flops)
         self.shapes, self.peaks, self.terms = shapes, peaks, terms
         self.tensor_parallel, self.expert_parallel = tensor_parallel, expert_parallel
         # Expert parallel spans tp x dp GPUs; the tp GPUs of a data-parallel rank share its

@@ -105,10 +105,8 @@ def gemm_s(terms: GpuTerms, peaks: GpuPeaks, tokens: float, k: int, m: int,
     of `weight_bytes` each and FLOPs at `peak_flops` where they differ: FP8 quantization,
     at the efficiencies the 16-bit profiles fitted)."""
     flops = 2.0 * tokens * k * m
-    if weight_bytes is None or weight_bytes == dtype_bytes:
-        moved = (k * m + tokens * (k + m)) * dtype_bytes
-    else:
-        moved = k * m * weight_bytes + tokens * (k + m) * dtype_bytes
+    weights = dtype_bytes if weight_bytes is None else weight_bytes
+    moved = k * m * weights + tokens * (k + m) * dtype_bytes
     eff_c, eff_m = terms.gemm_eff(tokens)
     peak = peaks.peak_flops if peak_flops is None else peak_flops
     return terms.gemm_latency_s + max(flops / (peak * eff_c),
@@ -123,11 +121,8 @@ def moe_experts_s(terms: GpuTerms, peaks: GpuPeaks, slots: float, active: float,
     FLOPs at the GEMM efficiency of the rows each expert receives (weights and peak as
     gemm_s takes them)."""
     flops = 2.0 * slots * 3 * k * inter
-    if weight_bytes is None or weight_bytes == dtype_bytes:
-        moved = (active * 3 * k * inter + slots * (2 * k + 3 * inter)) * dtype_bytes
-    else:
-        moved = (active * 3 * k * inter * weight_bytes
-                 + slots * (2 * k + 3 * inter) * dtype_bytes)
+    weights = dtype_bytes if weight_bytes is None else weight_bytes
+    moved = active * 3 * k * inter * weights + slots * (2 * k + 3 * inter) * dtype_bytes
     eff_c = terms.gemm_eff(slots / active)[0] * terms.moe_compute_scale
     peak = peaks.peak_flops if peak_flops is None else peak_flops
     return 2 * terms.gemm_latency_s + max(flops / (peak * eff_c),
