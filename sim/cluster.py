@@ -93,11 +93,15 @@ class _Cluster:
         # Decode engines get their own router: its turn counter must not follow arrivals.
         self.decode_router = Router(config.router)
         self.wake: list[simpy.Event | None] = [None] * len(engines)
-        # Quiet runs (sim.coast) of co-located engines that defer decode rows: requests reach
-        # them only from the arrival process, whose events come first at equal times, so a
-        # run cut by an arrival ends where stepping one event at a time would have. (A decode
-        # engine's requests come from other engines' steps, ordered by SimPy's event ids.)
-        self.coasts = [e.scheduler.deferring and not config.disaggregated for e in engines]
+        # Quiet runs (sim.coast) of engines that defer decode rows. A run cut by a request ends
+        # where stepping one event at a time would have, as long as a request that joins the
+        # engine at the instant one of its steps ends comes before that step's end: arrivals
+        # are delivered first at equal times (_Arrival), and a decode engine's steps end after
+        # every other event due at the same time (LATE), the KV hand-offs that bring its
+        # requests included. (A prefill engine has no quiet steps: its requests end at once.)
+        self.coasts = [e.scheduler.deferring for e in engines]
+        decoding = range(config.num_prefill, len(engines)) if config.disaggregated else ()
+        self.late = [i in decoding for i in range(len(engines))]
         self.runs: list[QuietRun | None] = [None] * len(engines)  # the run each sleeps through
         self.run_ends: list[simpy.Event | None] = [None] * len(engines)  # when it wakes from it
         self.processes: list[simpy.Process] = []
@@ -189,7 +193,8 @@ class _Cluster:
         Its process moves to a timeout made now; the old one fires with no one waiting, as
         an interrupted process's would. An interrupt makes the same timeout once delivered,
         and until then only interrupts of engines cut earlier at this instant come first
-        (requests come from the arrival process alone), so events keep their order. Where
+        (an arrival or a hand-off makes no timeout after its request joins), so events keep
+        their order. Where
         the step hook starts processes whose events come in between (a closed loop's
         releases: interrupts_cuts), the process is interrupted instead
         (tests/sim/test_replay_shortcuts.py compares the two)."""
@@ -197,9 +202,14 @@ class _Cluster:
             self.processes[index].interrupt()
             return
         old = self.run_ends[index]
-        new = self.env.timeout(end_s - self.env.now)
+        new = self._timeout(index, end_s - self.env.now)
         new.callbacks, old.callbacks = old.callbacks, []
         self.run_ends[index] = new
+
+    def _timeout(self, index: int, delay: float) -> simpy.Event:
+        """The event at which a step (or a quiet run) of engine index that ends in `delay`
+        ends (LATE for a decode engine of P/D)."""
+        return _Timeout(self.env, delay, LATE) if self.late[index] else self.env.timeout(delay)
 
     def _wake(self, index: int) -> None:
         """Wake engine index if it sleeps (idle, or waiting for KV to come free)."""
@@ -214,21 +224,22 @@ class _Cluster:
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
+        timeout = self._timeout
 
         def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
             nonlocal end_s
             end_s = start_s + duration_s
-            return env.timeout(duration_s if env.now == start_s else end_s - env.now)
+            return timeout(index, duration_s if env.now == start_s else end_s - env.now)
 
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
             if run is not None:  # (an arrival that cuts it wakes the engine sooner: _cut)
                 self.runs[index] = run
-                self.run_ends[index] = wake = env.timeout(run.ends[-1] - env.now)
+                self.run_ends[index] = wake = timeout(index, run.ends[-1] - env.now)
                 try:
                     yield wake
-                except simpy.Interrupt:  # cut by an arrival: wait out the step in progress
-                    yield env.timeout(run.ends[-1] - env.now)
+                except simpy.Interrupt:  # cut by a request: wait out the step in progress
+                    yield timeout(index, run.ends[-1] - env.now)
                 self.runs[index] = self.run_ends[index] = None
                 run.finish()
                 queued[index] = len(scheduler.running) + len(scheduler.waiting)
@@ -271,14 +282,26 @@ class _Cluster:
         self._add(target, request)
 
 
-class _Arrival(simpy.Event):
+# After SimPy's NORMAL events at equal times: a decode engine's step ends (_Cluster.late).
+LATE = simpy.core.NORMAL + 1
+
+
+class _Timeout(simpy.Event):
+    """A timeout of the given priority: among events due at the same time, those of a
+    lower priority come first, whichever event was made first."""
+
+    def __init__(self, env: simpy.Environment, delay: float, priority: int) -> None:
+        super().__init__(env)
+        self._ok, self._value = True, None  # triggered, as simpy's Timeout sets itself
+        env.schedule(self, priority, delay)
+
+
+class _Arrival(_Timeout):
     """A timeout delivered before every other event due at the same time: a request that
     arrives as a step ends is seen by the step after it, whichever event was made first."""
 
     def __init__(self, env: simpy.Environment, delay: float) -> None:
-        super().__init__(env)
-        self._ok, self._value = True, None  # triggered, as simpy's Timeout sets itself
-        env.schedule(self, simpy.core.URGENT, delay)
+        super().__init__(env, delay, simpy.core.URGENT)
 
 
 def _prefill_stand_in(request: Request) -> Request:

@@ -98,3 +98,26 @@ def test_a_cluster_of_cost_models_cuts_runs_and_decides_the_same(counted):
     coasted = replay(backend, config, fresh(), cluster, True)
     assert counted["runs"] > 100 and counted["cuts"] > 50
     assert coasted == replay(backend, config, fresh(), cluster, False)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
+@pytest.mark.parametrize("link", [0, 4096], ids=["instant transfers", "transfers"])
+def test_a_pd_cluster_whose_hand_offs_cut_decode_runs_decides_the_same(router, link, counted):
+    """A decode engine's requests come from KV transfers, not the arrival process: a transfer
+    that ends as a decode step ends (instant ones end on the step grid) is seen by the step
+    after it, with quiet runs as without."""
+    backend = ConstantBackend(step_s=STEP_S)
+    config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
+                             num_blocks=60)  # preempts
+    # 4096 bytes a token over 0.4 Gb/s: a prompt's transfer takes 0.08 ms a token.
+    cluster = ClusterConfig(router=RouterConfig(router), num_prefill=2, num_decode=3,
+                            kv_link_gbps=0.4, kv_bytes_per_token=link)
+    coasted = replay(backend, config, grid_workload(400, 3, 6), cluster, True)
+    assert counted["runs"] > 100 and counted["cuts"] > 50
+    listed = replay(backend, config, grid_workload(400, 3, 6), cluster, False)
+    assert coasted == listed
+    if not link:  # hand-offs at the end of a prefill step, on the grid of decode steps
+        prefill_ends = {s.start_s + s.duration_s for steps in listed[1][:2] for s in steps}
+        decode_ends = {s.start_s + s.duration_s for steps in listed[1][2:] for s in steps}
+        assert len(prefill_ends & decode_ends) > 50
+    assert sum(s.num_preempted for steps in listed[1] for s in steps) > 0

@@ -101,11 +101,15 @@ def test_quiet_steps_applied_together_call_on_step_as_one_at_a_time_would(cluste
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
-def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, calls):
+@pytest.mark.parametrize("pd", [False, True], ids=["co-located", "P/D"])
+def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, pd, calls):
+    """Arrivals cut co-located engines' runs; under P/D, KV hand-offs (here instant: on the
+    step grid) cut decode engines' runs."""
     backend = ConstantBackend(step_s=STEP_S)
     config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
                              num_blocks=40)  # preempts
-    cluster = ClusterConfig(num_replicas=3, router=RouterConfig(router))
+    cluster = (ClusterConfig(router=RouterConfig(router), num_prefill=1, num_decode=3)
+               if pd else ClusterConfig(num_replicas=3, router=RouterConfig(router)))
     moved = _replay(backend, config, grid_workload(400, 2, 6), cluster, True)
     assert calls["cuts"] > 50
     assert moved == _replay(backend, config, grid_workload(400, 2, 6), cluster, False)
