@@ -46,7 +46,9 @@ def collector_paused() -> Iterator[None]:
     freed by reference counting (a 30,000-request cluster replay leaves about 200 objects in
     cycles, collected after it). What it keeps is what every collector pass would scan again
     (each request's token times, a list per request), so the passes grew with the run (15% of
-    a 300,000-request cluster replay when step records were objects too)."""
+    a 300,000-request cluster replay when step records were objects too). Building a trace's
+    requests (sim.workload) creates no garbage either, only what the passes would rescan:
+    20,000 of them took 23 ms paused, 29-180 ms with the collector running."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 
 from sim.core import Request, SamplingParams
+from sim.simulation import collector_paused
 from workloads.sessions import answer_segments
 from workloads.trace import Trace
 
@@ -39,15 +40,16 @@ def requests_from_trace(trace: Trace, sampling: SamplingParams | None = None,
                trace.output_len.tolist(), hashes, strict=True)
     tokens = (table["prefix_hash_tokens"].map(tuple).tolist()
               if "prefix_hash_tokens" in table else None)
-    if not seed_requests:
-        requests = [Request(rid, t, p, o, sampling=params, prefix_hash_ids=h)
-                    for rid, t, p, o, h in rows]
-    else:
-        requests = [
-            Request(rid, t, p, o, prefix_hash_ids=h,
-                    sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
-            for rid, t, p, o, h in rows
-        ]
+    with collector_paused():  # (a request's lists are new objects, none of them garbage)
+        if not seed_requests:
+            requests = [Request(rid, t, p, o, sampling=params, prefix_hash_ids=h)
+                        for rid, t, p, o, h in rows]
+        else:
+            requests = [
+                Request(rid, t, p, o, prefix_hash_ids=h,
+                        sampling=dataclasses.replace(params, seed=request_seed(params.seed, rid)))
+                for rid, t, p, o, h in rows
+            ]
     if tokens is not None:  # token-granular prefixes: each id covers its own count
         for request, counts in zip(requests, tokens, strict=True):
             request.prefix_hash_tokens = counts
