@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import simpy
 
@@ -202,14 +203,16 @@ class _Cluster:
             self.processes[index].interrupt()
             return
         old = self.run_ends[index]
-        new = self._timeout(index, end_s - self.env.now)
+        new = self._timeout(index)(end_s - self.env.now)
         new.callbacks, old.callbacks = old.callbacks, []
         self.run_ends[index] = new
 
-    def _timeout(self, index: int, delay: float) -> simpy.Event:
-        """The event at which a step (or a quiet run) of engine index that ends in `delay`
-        ends (LATE for a decode engine of P/D)."""
-        return _Timeout(self.env, delay, LATE) if self.late[index] else self.env.timeout(delay)
+    def _timeout(self, index: int) -> Callable[[float], simpy.Event]:
+        """What makes the event at which a step (or a quiet run) of engine index ends, given
+        the delay: a plain SimPy timeout, LATE for a decode engine of P/D."""
+        if self.late[index]:
+            return partial(_Timeout, self.env, priority=LATE)
+        return self.env.timeout
 
     def _wake(self, index: int) -> None:
         """Wake engine index if it sleeps (idle, or waiting for KV to come free)."""
@@ -224,22 +227,22 @@ class _Cluster:
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a quiet run).
         now = end_s = env.now
-        timeout = self._timeout
+        timeout = self._timeout(index)
 
         def wait(start_s: float, duration_s: float) -> simpy.Event:  # (sim.engine.Wait)
             nonlocal end_s
             end_s = start_s + duration_s
-            return timeout(index, duration_s if env.now == start_s else end_s - env.now)
+            return timeout(duration_s if env.now == start_s else end_s - env.now)
 
         while True:
             run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
             if run is not None:  # (an arrival that cuts it wakes the engine sooner: _cut)
                 self.runs[index] = run
-                self.run_ends[index] = wake = timeout(index, run.ends[-1] - env.now)
+                self.run_ends[index] = wake = timeout(run.ends[-1] - env.now)
                 try:
                     yield wake
                 except simpy.Interrupt:  # cut by a request: wait out the step in progress
-                    yield timeout(index, run.ends[-1] - env.now)
+                    yield timeout(run.ends[-1] - env.now)
                 self.runs[index] = self.run_ends[index] = None
                 run.finish()
                 queued[index] = len(scheduler.running) + len(scheduler.waiting)
