@@ -195,9 +195,8 @@ class _Cluster:
         an interrupted process's would. An interrupt makes the same timeout once delivered,
         and until then only interrupts of engines cut earlier at this instant come first
         (an arrival or a hand-off makes no timeout after its request joins), so events keep
-        their order. Where
-        the step hook starts processes whose events come in between (a closed loop's
-        releases: interrupts_cuts), the process is interrupted instead
+        their order. Where the step hook starts processes whose events come in between (a
+        closed loop's releases: interrupts_cuts), the process is interrupted instead
         (tests/sim/test_replay_shortcuts.py compares the two)."""
         if self.interrupts_cuts:
             self.processes[index].interrupt()
