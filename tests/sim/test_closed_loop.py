@@ -25,19 +25,25 @@ SESSIONS = ("synthetic:users=12,rate=4,turns=uniform(2,5),think=lognormal(0.5,0.
 CHAT = "synthetic:users=4,rate=1,turns=fixed(3),think=fixed(1),question=fixed(40),output=fixed(24)"
 
 
-def simulate(spec: str, replicas: int = 1, users: int | None = None, defer: bool = True,
+def simulate(spec: str, replicas: int | str = 1, users: int | None = None, defer: bool = True,
              backend=None, router: str = "round-robin", num_blocks: int = 4096):
+    """replicas: an engine count, or "P:D" for prefill/decode disaggregation."""
     trace = open_trace(spec, seed=3)
     requests = requests_from_trace(trace)
     loop = closed_loop(trace, requests, users)
     assert loop is not None
     config = SchedulerConfig("chunked", num_blocks=num_blocks)
     backend = backend or ConstantBackend(step_s=0.01, per_token_s=1e-5)
-    engines = [Engine(Scheduler(config), backend) for _ in range(replicas)]
-    if replicas == 1:
-        run_closed_trace(requests, engines[0], loop, defer_decodes=defer)
+    if isinstance(replicas, str):
+        prefill, decode = map(int, replicas.split(":"))
+        cluster = ClusterConfig(router=RouterConfig(router), num_prefill=prefill,
+                                num_decode=decode, kv_bytes_per_token=131072)
     else:
         cluster = ClusterConfig(num_replicas=replicas, router=RouterConfig(router))
+    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
+    if cluster.num_engines == 1:
+        run_closed_trace(requests, engines[0], loop, defer_decodes=defer)
+    else:
         run_closed_cluster(requests, engines, cluster, loop, defer_decodes=defer)
     return trace, requests
 
@@ -65,7 +71,7 @@ def test_a_turn_is_sent_think_time_after_the_previous_answer(replicas):
     assert any(r.arrival_s > written[r.request_id] for r in requests)
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, 2, "1:2"])
 def test_deferred_decodes_release_turns_as_listed_rows_do(replicas):
     """Quiet runs finish rows in bulk: the loop still sees each finish at its own time."""
     model = AnalyticCostModel.preset("llama-3-8b", "h100")
