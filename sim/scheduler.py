@@ -217,10 +217,12 @@ class Scheduler(DecodeDeferral):
         the prefix cache, the rest handed over from outside (num_external_tokens)."""
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = cached
-        request.num_external_tokens = 0  # a recompute after preemption starts from its own
         if self._caching:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += hit
+            if request.num_external_tokens > hit:  # as vLLM caches what a KV connector loaded
+                self.block_manager.cache_blocks(request, cached)
+        request.num_external_tokens = 0  # a recompute after preemption starts from its own
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now
             request.num_cached_tokens = hit

@@ -121,3 +121,24 @@ def test_a_pd_cluster_whose_hand_offs_cut_decode_runs_decides_the_same(router, l
         decode_ends = {s.start_s + s.duration_s for steps in listed[1][2:] for s in steps}
         assert len(prefill_ends & decode_ends) > 50
     assert sum(s.num_preempted for steps in listed[1] for s in steps) > 0
+
+
+def test_a_pd_cluster_with_prefix_caching_and_priorities_decides_the_same(counted):
+    """Decode engines register the blocks their rows fill (a run ends there) and admit by
+    priority; prefix-aware routing reads their caches at each hand-off."""
+    backend = AnalyticCostModel.preset("llama-3-8b", "h100")
+    config = SchedulerConfig(policy="chunked", num_blocks=200, enable_prefix_caching=True,
+                             queue="priority")
+    cluster = ClusterConfig(router=RouterConfig("prefix-aware"), num_prefill=2, num_decode=3,
+                            kv_bytes_per_token=131072)
+
+    def requests() -> list[Request]:
+        return [Request(r.request_id, r.arrival_s, r.prompt_len, r.max_new_tokens,
+                        priority=r.priority, prefix_hash_ids=(i % 3, 100 + i))
+                for i, r in enumerate(grid_workload(400, 4, 4))]
+
+    coasted = replay(backend, config, requests(), cluster, True)
+    assert counted["runs"] > 100 and counted["cuts"] > 50
+    listed = replay(backend, config, requests(), cluster, False)
+    assert coasted == listed
+    assert sum(hits for _, hits in listed[2][2:]) > 0  # decode engines hit their caches

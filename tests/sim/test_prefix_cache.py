@@ -143,6 +143,26 @@ def test_a_fully_cached_prompt_still_samples_its_first_token_from_a_prefill_step
     assert b.token_times_s == [0.2]  # its first token, from that prefill step
 
 
+def test_kv_handed_over_joins_the_cache_at_admission():
+    """A P/D decode engine registers the full blocks of a prompt whose KV it received, as
+    vLLM caches the blocks a KV connector loaded: the next request with that prefix hits
+    them, though the request's own step computed only its last prompt token."""
+    scheduler = Scheduler(SchedulerConfig("chunked", num_blocks=64, block_size=BS))
+    a = tokens_request("a", list(range(70)), max_new=8)
+    a.num_external_tokens = 69  # its KV came from a prefill engine
+    scheduler.add(a)
+    plan = scheduler.schedule(0.0)
+    assert plan.num_scheduled_tokens == {"a": 1}
+    assert scheduler.block_manager.num_cached_blocks == 4  # 69 tokens: four full blocks
+    scheduler.update(plan, StepResult(0.1, {"a": 5}), 0.1)
+    b = tokens_request("b", list(range(64)) + [7, 7], arrival_s=0.1)
+    scheduler.add(b)
+    scheduler.schedule(0.1)
+    assert b.num_cached_tokens == 64
+    assert scheduler.block_manager.block_table("b")[:4] == scheduler.block_manager.block_table(
+        "a")[:4]
+
+
 def test_a_request_admitted_in_the_same_step_does_not_hit_blocks_not_yet_computed():
     scheduler = Scheduler(SchedulerConfig("chunked", num_blocks=64, block_size=BS))
     for rid in ("a", "b"):
