@@ -226,6 +226,9 @@ def smallest_scales(runner: Runner | Stream, families: Sequence[Family], slo: Ca
                 s["fail"] = scale
             s["next"] = _next_scale(s, _max_scale(s, max_engines), _growth(row, span_s))
     out.met = [s["row"] for s in state if s["ok"] is not None and not s.get("pruned")]
+    # In the families' order, whichever order their probes happened to finish in.
+    rank = {id(s["family"]): i for i, s in enumerate(state)}
+    out.pruned.sort(key=lambda pruned: rank[id(pruned[0])])
     return out
 
 
