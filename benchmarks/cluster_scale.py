@@ -8,9 +8,11 @@ deployment is Llama-3-8B on one H100 per replica, chunked prefill, priced by the
 model (`--cost roofline`: the analytic roofline, to compare the two's cost). Prints the wall time of
 the replay alone and its cost per request, per engine step and per token. `--listed` lists
 every decode row in every plan instead of deferring them (sim.deferred), and so runs no
-quiet steps in bulk either (sim.coast): the same results, the cost both save.
+quiet steps in bulk either (sim.coast): the same results, the cost both save. `--pd P:D`
+replays P prefill and D decode engines instead of the replicas (the rate follows P + D).
 
     python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32] [--listed]
+        [--pd P:D]
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ def main() -> None:
     parser.add_argument("--listed", action="store_true", help="list every decode row")
     parser.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
                         help="cost model pricing the steps (compare the two's speed)")
+    parser.add_argument("--pd", metavar="P:D", help="prefill and decode engines instead")
     args = parser.parse_args()
-    rate = args.rate_per_replica * args.replicas
+    prefill, decode = map(int, args.pd.split(":")) if args.pd else (0, 0)
+    engines = prefill + decode if args.pd else args.replicas
+    rate = args.rate_per_replica * engines
     spec = (f"synthetic:n={args.requests},rate={rate:g},prompt=empirical(azure-conv),"
             "output=empirical(azure-conv)")
     start = time.perf_counter()
@@ -54,15 +59,18 @@ def main() -> None:
     backend = (roofline if args.cost == "roofline"
                else gpu_cost_backend(roofline.model, roofline.hardware))
     config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
-    engines = [Engine(Scheduler(config), backend) for _ in range(args.replicas)]
-    cluster = ClusterConfig(num_replicas=args.replicas, router=RouterConfig(args.router))
+    cluster = ClusterConfig(
+        num_replicas=args.replicas, router=RouterConfig(args.router), num_prefill=prefill,
+        num_decode=decode, kv_bytes_per_token=roofline.model.kv_bytes_per_token(2))
+    replicas = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
     start = time.perf_counter()
-    result = run_cluster(requests, engines, cluster, defer_decodes=not args.listed)
+    result = run_cluster(requests, replicas, cluster, defer_decodes=not args.listed)
     replay_s = time.perf_counter() - start
     summary = summarize(result.run_result())
     steps = summary["num_steps"]
     tokens = summary["total_output"]
-    print(f"{cpu_model()}; {args.requests} requests, {args.replicas} replicas, router "
+    layout = f"P/D {args.pd}" if args.pd else f"{args.replicas} replicas"
+    print(f"{cpu_model()}; {args.requests} requests, {layout}, router "
           f"{args.router}, {rate:g} req/s, decode rows {'listed' if args.listed else 'deferred'}")
     print(f"trace built in {built_s:.1f} s; replay {replay_s:.1f} s wall "
           f"(target 60 s; reference {REFERENCE_S:.0f} s for 8,819 requests on one replica)")
