@@ -48,20 +48,20 @@ def main() -> None:
     parser.add_argument("--pd", metavar="P:D", help="prefill and decode engines instead")
     args = parser.parse_args()
     prefill, decode = map(int, args.pd.split(":")) if args.pd else (0, 0)
-    engines = prefill + decode if args.pd else args.replicas
-    rate = args.rate_per_replica * engines
+    roofline = AnalyticCostModel.preset("llama-3-8b", "h100")
+    cluster = ClusterConfig(
+        num_replicas=args.replicas, router=RouterConfig(args.router), num_prefill=prefill,
+        num_decode=decode, kv_bytes_per_token=roofline.model.kv_bytes_per_token(
+            roofline.dtype_bytes))
+    rate = args.rate_per_replica * cluster.num_engines
     spec = (f"synthetic:n={args.requests},rate={rate:g},prompt=empirical(azure-conv),"
             "output=empirical(azure-conv)")
     start = time.perf_counter()
     requests = requests_from_trace(open_trace(spec, seed=args.seed))
     built_s = time.perf_counter() - start
-    roofline = AnalyticCostModel.preset("llama-3-8b", "h100")
     backend = (roofline if args.cost == "roofline"
                else gpu_cost_backend(roofline.model, roofline.hardware))
     config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
-    cluster = ClusterConfig(
-        num_replicas=args.replicas, router=RouterConfig(args.router), num_prefill=prefill,
-        num_decode=decode, kv_bytes_per_token=roofline.model.kv_bytes_per_token(2))
     replicas = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
     start = time.perf_counter()
     result = run_cluster(requests, replicas, cluster, defer_decodes=not args.listed)

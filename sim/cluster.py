@@ -101,8 +101,6 @@ class _Cluster:
         # every other event due at the same time (LATE), the KV hand-offs that bring its
         # requests included. (A prefill engine has no quiet steps: its requests end at once.)
         self.coasts = [e.scheduler.deferring for e in engines]
-        decoding = range(config.num_prefill, len(engines)) if config.disaggregated else ()
-        self.late = [i in decoding for i in range(len(engines))]
         self.runs: list[QuietRun | None] = [None] * len(engines)  # the run each sleeps through
         self.run_ends: list[simpy.Event | None] = [None] * len(engines)  # when it wakes from it
         self.processes: list[simpy.Process] = []
@@ -209,7 +207,7 @@ class _Cluster:
     def _timeout(self, index: int) -> Callable[[float], simpy.Event]:
         """What makes the event at which a step (or a quiet run) of engine index ends, given
         the delay: a plain SimPy timeout, LATE for a decode engine of P/D."""
-        if self.late[index]:
+        if self.config.disaggregated and index >= self.config.num_prefill:
             return partial(_Timeout, self.env, priority=LATE)
         return self.env.timeout
 
@@ -284,7 +282,7 @@ class _Cluster:
         self._add(target, request)
 
 
-# After SimPy's NORMAL events at equal times: a decode engine's step ends (_Cluster.late).
+# After SimPy's NORMAL events at equal times: a decode engine's step ends (_Cluster._timeout).
 LATE = simpy.core.NORMAL + 1
 
 
