@@ -23,6 +23,9 @@ from sim.scheduler import Scheduler, SchedulerConfig
 MODEL = "tiny"
 MAX_MODEL_LEN = 256
 BLOCK_SIZE = 16  # tokens per KV block of the test servers
+# The read limit of the tests' HTTP calls: it only keeps a broken server from hanging the
+# suite, so it must outlast any answer a loaded machine delays (httpx's own is 5 s).
+HANG_S = 60.0
 
 
 def start_server(model, *, policy: str = "continuous", num_blocks: int = 1024,
@@ -90,11 +93,11 @@ async def stream_completion(client: httpx.AsyncClient, body: dict) -> tuple[list
 def async_client(url: str, **kwargs) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     return httpx.AsyncClient(base_url=url, trust_env=False, limits=limits,
-                             timeout=httpx.Timeout(60.0), **kwargs)
+                             timeout=httpx.Timeout(HANG_S), **kwargs)
 
 
 def health(url: str) -> dict:
-    return httpx.get(f"{url}/health", trust_env=False, timeout=10).json()
+    return httpx.get(f"{url}/health", trust_env=False, timeout=HANG_S).json()
 
 
 def run(coro):
@@ -103,7 +106,7 @@ def run(coro):
 
 def aborted(url: str, reason: str = "aborted") -> float:
     """vllm:request_success_total{finished_reason=reason} from /metrics."""
-    text = httpx.get(f"{url}/metrics", trust_env=False, timeout=10).text
+    text = httpx.get(f"{url}/metrics", trust_env=False, timeout=HANG_S).text
     for line in text.splitlines():
         if (line.startswith("vllm:request_success_total")
                 and f'finished_reason="{reason}"' in line):

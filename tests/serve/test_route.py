@@ -15,7 +15,7 @@ from serve.route import RouteConfig, RouterThread
 from serve.route_prefix import BYTES_PER_TOKEN, PrefixIndex, kv_tokens_estimate, prompt_blocks
 from serve.route_upstreams import Reading, Upstream, parse_reading
 from sim.router import ReplicaLoad, RouterConfig
-from tests.serve.helpers import async_client, start_server
+from tests.serve.helpers import HANG_S, async_client, start_server
 from tests.serve.route_fakes import FakeUpstream, dead_url
 from workloads import open_trace
 
@@ -25,7 +25,7 @@ def router(urls: list[str], name: str = "round-robin", interval_s: float = 0.05,
     return RouterThread(RouteConfig(tuple(urls), RouterConfig(name), interval_s, **kwargs))
 
 
-def post(url: str, body: dict, timeout: float = 10.0, **kwargs) -> httpx.Response:
+def post(url: str, body: dict, timeout: float = HANG_S, **kwargs) -> httpx.Response:
     return httpx.post(f"{url}/v1/completions", json=body, trust_env=False, timeout=timeout,
                       **kwargs)
 
@@ -33,7 +33,7 @@ def post(url: str, body: dict, timeout: float = 10.0, **kwargs) -> httpx.Respons
 def router_metric(url: str, name: str, **labels: str) -> float:
     """A sample of the router's /metrics (0 if absent)."""
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as exposed
-    for line in httpx.get(f"{url}/metrics", trust_env=False).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", trust_env=False, timeout=HANG_S).text.splitlines():
         if line.startswith(f"{name}{{{want}}}" if want else f"{name} "):
             return float(line.split()[-1])
     return 0.0
@@ -41,7 +41,7 @@ def router_metric(url: str, name: str, **labels: str) -> float:
 
 def length_finishes(url: str) -> float:
     """An upstream's vllm:request_success_total{finished_reason="length"}."""
-    for line in httpx.get(f"{url}/metrics", trust_env=False).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", trust_env=False, timeout=HANG_S).text.splitlines():
         if line.startswith("vllm:request_success_total") and '"length"' in line:
             return float(line.split()[-1])
     return 0.0
@@ -147,7 +147,7 @@ def test_client_disconnect_closes_the_upstream_stream(pair):
     a, b = pair
     a.gate.clear()  # the stream never ends on its own
     with router([a.url, b.url]) as r:
-        with httpx.stream("POST", f"{r.url}/v1/completions", trust_env=False, timeout=5,
+        with httpx.stream("POST", f"{r.url}/v1/completions", trust_env=False, timeout=HANG_S,
                           json={"prompt": "hi", "stream": True, "max_tokens": 5}) as response:
             next(response.iter_lines())  # one chunk, then leave
         wait_until_closed(r, a)
@@ -178,8 +178,9 @@ def test_refused_upstream_falls_over_to_the_live_one(pair):
         names = [post(r.url, {"prompt": "hi"}).json()["model"] for _ in range(4)]
         assert router_metric(r.url, "servelab_router_upstream_errors_total", kind="connect",
                              upstream=b.url) == 1  # then b is skipped as unreachable
-        assert httpx.get(f"{r.url}/v1/models", trust_env=False).json()["data"][0]["id"] == "a"
-        assert httpx.get(f"{r.url}/health", trust_env=False).status_code == 200
+        models = httpx.get(f"{r.url}/v1/models", trust_env=False, timeout=HANG_S)
+        assert models.json()["data"][0]["id"] == "a"
+        assert httpx.get(f"{r.url}/health", trust_env=False, timeout=HANG_S).status_code == 200
     assert names == ["a"] * 4
 
 
@@ -195,8 +196,8 @@ def test_upstream_dead_at_start_is_skipped(pair):
 def test_every_upstream_dead_is_a_502_error_object():
     with router([dead_url(), dead_url()]) as r:
         response = post(r.url, {"prompt": "hi"})
-        assert httpx.get(f"{r.url}/health", trust_env=False).status_code == 503
-        assert httpx.get(f"{r.url}/v1/models", trust_env=False).status_code == 502
+        assert httpx.get(f"{r.url}/health", trust_env=False, timeout=HANG_S).status_code == 503
+        assert httpx.get(f"{r.url}/v1/models", trust_env=False, timeout=HANG_S).status_code == 502
     assert response.status_code == 502
     error = response.json()["error"]
     assert error["type"] == "server_error" and "no upstream accepted" in error["message"]
@@ -205,7 +206,8 @@ def test_every_upstream_dead_is_a_502_error_object():
 def test_non_json_and_invalid_bodies_are_refused_by_the_router_itself(pair):
     a, b = pair
     with router([a.url, b.url]) as r:
-        junk = httpx.post(f"{r.url}/v1/completions", content=b"{nope", trust_env=False)
+        junk = httpx.post(f"{r.url}/v1/completions", content=b"{nope", trust_env=False,
+                          timeout=HANG_S)
         bad = post(r.url, {"max_tokens": 3})
     assert junk.status_code == 400 and "not valid JSON" in junk.json()["error"]["message"]
     # The server's own parser: the same 400 naming the field, nothing forwarded.
@@ -226,7 +228,7 @@ def test_upstream_without_metrics_is_loaded_by_router_in_flight_only(pair):
     a.metrics, b.running = False, 3
     with router([a.url, b.url], "least-requests") as r:
         names = [post(r.url, {"prompt": "hi"}).json()["model"] for _ in range(3)]
-        health = httpx.get(f"{r.url}/health", trust_env=False).json()
+        health = httpx.get(f"{r.url}/health", trust_env=False, timeout=HANG_S).json()
     assert names == ["a"] * 3
     assert "HTTP 404" in health["upstreams"][0]["metrics_error"]
 

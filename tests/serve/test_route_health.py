@@ -16,7 +16,7 @@ import pytest
 from serve.route import RouteConfig, RouterThread
 from serve.route_health import Health, HealthConfig
 from sim.router import RouterConfig
-from tests.serve.helpers import async_client
+from tests.serve.helpers import HANG_S, async_client
 from tests.serve.route_fakes import FakeClock, FakeUpstream
 from tests.serve.test_route import post, router_metric
 
@@ -50,7 +50,7 @@ def stopped():
 
 
 def upstream_health(r: RouterThread, url: str) -> dict:
-    body = httpx.get(f"{r.url}/health", trust_env=False, timeout=10).json()
+    body = httpx.get(f"{r.url}/health", trust_env=False, timeout=HANG_S).json()
     return next(u for u in body["upstreams"] if u["url"] == url)
 
 
@@ -126,7 +126,7 @@ def test_every_upstream_ejected_still_routes_and_health_says_no_upstream(stopped
     clock = FakeClock()
     with hung_router([stopped.url], clock, checks=True) as r:
         wait_for_state(r, stopped.url, "ejected")
-        assert httpx.get(f"{r.url}/health", trust_env=False).status_code == 503
+        assert httpx.get(f"{r.url}/health", trust_env=False, timeout=HANG_S).status_code == 503
         stopped.start()
         # A panic: with nothing in rotation the router still tries the ejected upstream.
         assert post(r.url, {"prompt": "hi"}).json()["model"] == "b"

@@ -9,7 +9,7 @@ import json
 
 import httpx
 
-from tests.serve.helpers import async_client, start_server
+from tests.serve.helpers import HANG_S, async_client, start_server
 from tests.serve.route_fakes import DyingUpstream, FakeUpstream
 from tests.serve.test_route import post, router
 
@@ -89,7 +89,7 @@ def test_an_upstream_killed_under_200_streams_ends_each_with_done_and_the_router
 
         streams = asyncio.run(main())
         after = [post(r.url, {"prompt": "hi"}) for _ in range(6)]
-        status = httpx.get(f"{r.url}/health", trust_env=False).json()["status"]
+        status = httpx.get(f"{r.url}/health", trust_env=False, timeout=HANG_S).json()["status"]
     assert all(events[-1] == "data: [DONE]" for events in streams)
     broken = [events for events in streams if '"error"' in events[-2]]
     assert len(broken) == dying.streams and 0 < len(broken) < count

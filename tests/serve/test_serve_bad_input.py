@@ -10,6 +10,7 @@ import pytest
 
 from sim.core import BatchPlan, StepResult
 from tests.serve.helpers import (
+    HANG_S,
     MAX_MODEL_LEN,
     StepGate,
     async_client,
@@ -63,9 +64,9 @@ def test_bad_body_gets_openai_error(server, raw, status, param):
 
 
 def test_unknown_route_and_method_get_openai_errors(server):
-    response = httpx.get(f"{server.url}/v1/nothing", trust_env=False)
+    response = httpx.get(f"{server.url}/v1/nothing", trust_env=False, timeout=HANG_S)
     assert response.status_code == 404 and "error" in response.json()
-    response = httpx.get(f"{server.url}/v1/completions", trust_env=False)
+    response = httpx.get(f"{server.url}/v1/completions", trust_env=False, timeout=HANG_S)
     assert response.status_code == 405 and "error" in response.json()
 
 
@@ -74,13 +75,14 @@ def test_api_key_required_on_v1_routes(tiny_model):
     with start_server(tiny_model, api_key="sekret") as server:
         url = f"{server.url}/v1/completions"
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
-            response = httpx.post(url, json=body, headers=headers, trust_env=False)
+            response = httpx.post(url, json=body, headers=headers, trust_env=False, timeout=HANG_S)
             assert_openai_error(response, 401, None)
             assert response.json()["error"]["code"] == "invalid_api_key"
-        models = httpx.get(f"{server.url}/v1/models", trust_env=False)
+        models = httpx.get(f"{server.url}/v1/models", trust_env=False, timeout=HANG_S)
         assert models.status_code == 401
         good = {"Authorization": "Bearer sekret"}
-        assert httpx.post(url, json=body, headers=good, trust_env=False).status_code == 200
+        answer = httpx.post(url, json=body, headers=good, trust_env=False, timeout=HANG_S)
+        assert answer.status_code == 200
         assert health(server.url)["status"] == "ok"  # /health needs no key
 
 
@@ -106,7 +108,8 @@ def test_step_exception_fails_its_requests_and_server_keeps_serving(tiny_model):
         response = httpx.post(url, json=poison, trust_env=False, timeout=30)
         assert_openai_error(response, 500, None)
         assert "injected failure" in response.json()["error"]["message"]
-        with httpx.stream("POST", url, json={**poison, "stream": True}, trust_env=False) as r:
+        with httpx.stream("POST", url, json={**poison, "stream": True}, trust_env=False,
+                          timeout=HANG_S) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert json.loads(lines[0][6:])["error"]["code"] == "failed"
         assert lines[-1] == "data: [DONE]"

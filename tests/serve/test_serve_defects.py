@@ -11,7 +11,7 @@ import pytest
 
 import serve.completions
 from serve.state import ApiConfig
-from tests.serve.helpers import health, start_server
+from tests.serve.helpers import HANG_S, health, start_server
 
 PROMPT = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0.0}
 
@@ -62,7 +62,8 @@ def test_non_ascii_api_key_is_compared_as_utf8_bytes(tiny_model):
                               ("Bearer clé-ключ-voila".encode(), 401), (b"Bearer cl\xe9", 401)):
             assert post(server.url, raw, {"Authorization": token}).status_code == status
         models = httpx.get(f"{server.url}/v1/models", trust_env=False,
-                           headers={"Authorization": "Bearer clé-ключ-voilà".encode()})
+                           headers={"Authorization": "Bearer clé-ключ-voilà".encode()},
+                           timeout=HANG_S)
         assert models.status_code == 200
 
 

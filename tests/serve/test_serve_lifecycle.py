@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.helpers import async_client
+from tests.serve.helpers import HANG_S, async_client
 
 REPO = Path(__file__).resolve().parents[2]
 # The real executor, its steps as fast as the CPU.
@@ -119,7 +119,8 @@ def test_sigkill_keeps_finished_rows_and_restart_appends(tmp_path, launch):
     for rid, _ in done:
         assert rows[rid] == "length"
     restarted = launch(log)  # on the real model: a restart appends whatever it serves
-    response = httpx.post(f"{restarted.url}/v1/completions", json=short[0], trust_env=False)
+    response = httpx.post(f"{restarted.url}/v1/completions", json=short[0], trust_env=False,
+                          timeout=HANG_S)
     assert response.status_code == 200
     restarted.proc.send_signal(signal.SIGTERM)
     assert restarted.proc.wait(30) == 0

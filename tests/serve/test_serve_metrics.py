@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serve.helpers import health
+from tests.serve.helpers import HANG_S, health
 
 NAMES = (
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -40,7 +40,8 @@ def test_metrics_parse_and_count_served_requests(server):
         assert name in before, name
     body = {"prompt": [5, 6, 7, 8], "max_tokens": 5, "ignore_eos": True, "temperature": 0.0}
     for _ in range(3):
-        response = httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False)
+        response = httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
+                              timeout=HANG_S)
         assert response.status_code == 200
     after = samples(server.url)
 
@@ -61,7 +62,7 @@ def test_metrics_parse_and_count_served_requests(server):
 
 
 def test_models_lists_the_served_model(server):
-    data = httpx.get(f"{server.url}/v1/models", trust_env=False).json()
+    data = httpx.get(f"{server.url}/v1/models", trust_env=False, timeout=HANG_S).json()
     assert data["object"] == "list"
     (card,) = data["data"]
     assert card["id"] == "tiny" and card["object"] == "model"

@@ -11,6 +11,7 @@ import pytest
 
 from sim.scheduler import SchedulerConfig
 from tests.serve.helpers import (
+    HANG_S,
     MAX_MODEL_LEN,
     StepGate,
     aborted,
@@ -52,7 +53,7 @@ def test_streamed_tokens_equal_offline_engine(tiny_model, policy, num_blocks):
                 return await asyncio.gather(*(stream_completion(client, b) for b in bodies))
 
         results = run(main())
-        metrics = httpx.get(f"{server.url}/metrics", trust_env=False).text
+        metrics = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=HANG_S).text
         assert health(server.url)["kv_blocks_used"] == 0
     for (ids, last), body, want in zip(results, bodies, expected, strict=True):
         assert ids == want
