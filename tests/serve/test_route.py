@@ -131,7 +131,7 @@ def test_stream_is_relayed_chunk_by_chunk_and_ends_with_done(pair):
     with router([a.url, b.url]) as r, httpx.stream(
             "POST", f"{r.url}/v1/completions", json={"prompt": "hi", "stream": True,
                                                      "max_tokens": 4},
-            trust_env=False, timeout=5) as response:
+            trust_env=False, timeout=HANG_S) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = []

@@ -48,7 +48,7 @@ def test_serve_with_a_non_ascii_api_key_accepts_it_through_the_router(tiny_model
 def test_a_stream_broken_off_upstream_ends_with_an_error_event_and_done():
     with DyingUpstream() as dying, router([dying.url]) as r, httpx.stream(
             "POST", f"{r.url}/v1/completions", json={"prompt": "hi", "stream": True},
-            trust_env=False, timeout=10) as response:
+            trust_env=False, timeout=HANG_S) as response:
         lines = response.iter_lines()
         assert next(lines) == 'data: {"chunk": 0}'
         dying.kill()

@@ -18,7 +18,7 @@ NAMES = (
 
 def samples(url: str) -> dict[str, float]:
     """Sample name -> value, summed over labels except finished_reason (name/reason)."""
-    response = httpx.get(f"{url}/metrics", trust_env=False, timeout=10)
+    response = httpx.get(f"{url}/metrics", trust_env=False, timeout=HANG_S)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     out: dict[str, float] = {}

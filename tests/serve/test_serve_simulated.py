@@ -18,6 +18,7 @@ from sim.cost_model import AnalyticCostModel
 from sim.engine import Engine
 from sim.fixed_backend import ConstantBackend
 from sim.scheduler import Scheduler, SchedulerConfig
+from tests.serve.helpers import HANG_S
 from workloads import open_trace
 
 TOKEN = 123  # any id: the backend samples whatever it is given
@@ -192,11 +193,11 @@ def test_simulated_server_completes_a_replayed_trace():
     with simulated_server() as server:
         requests = bench_requests(trace, ByteTokenizer().vocab_size)
         result = asyncio.run(run_bench(requests, BenchConfig(server.url, timeout_s=60)))
-        models = httpx.get(f"{server.url}/v1/models", trust_env=False, timeout=10).json()
+        models = httpx.get(f"{server.url}/v1/models", trust_env=False, timeout=HANG_S).json()
         body = {"model": "llama-3-8b", "prompt": "hi", "max_tokens": 4}
         plain = httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
-                           timeout=10).json()
-        metrics = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=10)
+                           timeout=HANG_S).json()
+        metrics = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=HANG_S)
     assert result.errors == []
     for record, sent in zip(result.requests, requests, strict=True):
         assert record.finish_reason is FinishReason.LENGTH
