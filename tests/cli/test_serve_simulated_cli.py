@@ -21,7 +21,7 @@ def get(url: str, body: dict | None = None) -> bytes:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=10) as response:
+    with opener.open(request, timeout=60) as response:  # (only a hung server reaches 60 s)
         return response.read()
 
 
