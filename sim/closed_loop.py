@@ -31,7 +31,7 @@ import simpy
 from sim.cluster import ClusterConfig, ClusterResult, _Arrival, _Cluster, run_engines
 from sim.core import Request
 from sim.engine import Engine
-from sim.simulation import RunResult, _Replay, collector_paused, run_trace
+from sim.simulation import ReplayEnvironment, RunResult, _Replay, collector_paused, run_trace
 from workloads.sessions import Chain, chains_of
 from workloads.trace import Trace
 
@@ -131,7 +131,7 @@ def run_closed_trace(requests: Sequence[Request], engine: Engine, loop: ClosedLo
     """sim.simulation.run_trace with the loop's arrivals instead of the trace's times."""
     if defer_decodes:
         engine.defer_decodes()
-    env = simpy.Environment()
+    env = ReplayEnvironment()
     replay = _ClosedReplay(env, requests, engine, on_step, loop)
     try:
         for at_s, request in loop.start():
@@ -139,6 +139,7 @@ def run_closed_trace(requests: Sequence[Request], engine: Engine, loop: ClosedLo
         with collector_paused():
             env.run(until=env.process(replay.stepping()))
     finally:
+        env.close()
         loop.restore_unreleased()
     scheduler = engine.scheduler
     return RunResult(requests=list(requests), steps=engine.steps,
@@ -155,7 +156,7 @@ def run_closed_cluster(requests: Sequence[Request], engines: Sequence[Engine],
         raise ValueError(f"cluster of {config.num_engines} engines given {len(engines)}")
     for engine in engines if defer_decodes else ():
         engine.defer_decodes()
-    env = simpy.Environment()
+    env = ReplayEnvironment()
     cluster = _ClosedCluster(env, list(engines), config, on_step, loop)
     try:
         for at_s, request in loop.start():

@@ -22,7 +22,7 @@ from sim.coast import QuietRun
 from sim.core import Request, request_overhead_s
 from sim.engine import Engine
 from sim.router import ReplicaLoad, Router
-from sim.simulation import RunResult, StalledError, collector_paused
+from sim.simulation import ReplayEnvironment, RunResult, StalledError, collector_paused
 from sim.step_log import StepLog
 
 # The config lives beside the replay (sim.cluster_config), imported from here.
@@ -60,20 +60,23 @@ def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: 
         raise ValueError(f"cluster of {config.num_engines} engines given {len(engines)}")
     for engine in engines if defer_decodes else ():
         engine.defer_decodes()
-    env = simpy.Environment()
+    env = ReplayEnvironment()
     cluster = _Cluster(env, list(engines), config, on_step)
     env.process(cluster.arrivals(requests))
     return run_engines(env, cluster, requests)
 
 
-def run_engines(env: simpy.Environment, cluster: _Cluster, requests: Sequence[Request]
+def run_engines(env: ReplayEnvironment, cluster: _Cluster, requests: Sequence[Request]
                 ) -> ClusterResult:
-    """Step every engine of `cluster` until the environment runs dry; its result, or
-    StalledError naming how many requests never finished."""
+    """Step every engine of `cluster` until the environment runs dry (then closed); its
+    result, or StalledError naming how many requests never finished."""
     engines = cluster.engines
     cluster.processes = [env.process(cluster.stepping(i)) for i in range(len(engines))]
-    with collector_paused():
-        env.run()
+    try:
+        with collector_paused():
+            env.run()
+    finally:
+        env.close()
     stuck = sum(not r.is_finished for r in requests)
     if stuck:
         raise StalledError(f"t={env.now:.3f}s: {stuck} requests never finished")

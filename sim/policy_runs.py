@@ -113,6 +113,12 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
         else:
             ran = run_cluster(requests, engines, cluster, on_step=on_step)
     except VerdictReached as stop:
+        # A stop signal, not an error: its tracebacks (the frames it passed through, SimPy's
+        # among them, which hold it in turn) would keep the replay's engines in cycles.
+        cause: BaseException | None = stop
+        while cause is not None:
+            cause.__traceback__ = None
+            cause = cause.__cause__
         return RunResult(
             requests=[r for r in requests if r.arrival_s <= stop.stopped_s],
             steps=StepLog.concat(e.steps for e in engines),

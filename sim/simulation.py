@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,6 +38,34 @@ class RunResult:
     # When an SLO watch (sim.verdict) stopped the replay, certain it fails; None: it ran
     # to the end.
     stopped_s: float | None = None
+
+
+class ReplayEnvironment(simpy.Environment):
+    """SimPy's environment, closing the processes a replay started once it ends.
+
+    A replay stopped before its processes end (an SLO watch certain of its verdict, an
+    error) leaves them suspended on the events they wait for, which the environment's
+    queue holds, and each event holds its process: the engines and every request in flight
+    stay in that cycle until the cyclic collector finds it, scanned on every pass till
+    then. Closing the generators frees it all by reference counting. (A replay that ran to
+    its end leaves at most idle engines suspended, waiting for requests that never come.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # SimPy binds its event factories to the instance for speed, those its own class
+        # names: bind the two a replay calls for every step here too.
+        self.timeout, self.event = self.timeout, self.event
+        # Weakly: a process that ended is dropped (P/D starts one per request).
+        self._generators: weakref.WeakSet[Generator] = weakref.WeakSet()
+
+    def process(self, generator: Generator) -> simpy.Process:  # type: ignore[override]
+        self._generators.add(generator)
+        return simpy.Process(self, generator)
+
+    def close(self) -> None:
+        """End every process still suspended."""
+        for generator in list(self._generators):
+            generator.close()
 
 
 @contextmanager
@@ -72,11 +101,14 @@ def run_trace(
     """
     if defer_decodes:
         engine.defer_decodes()
-    env = simpy.Environment()
+    env = ReplayEnvironment()
     replay = _Replay(env, requests, engine, on_step)
     env.process(replay.arrivals())
-    with collector_paused():
-        env.run(until=env.process(replay.stepping()))
+    try:
+        with collector_paused():
+            env.run(until=env.process(replay.stepping()))
+    finally:
+        env.close()
     scheduler = engine.scheduler
     return RunResult(
         requests=list(requests),

@@ -21,6 +21,7 @@ from sim.core import Backend, Request
 from sim.metrics import Slo, summarize
 from sim.policy_runs import run_deployment
 from sim.scheduler import SchedulerConfig
+from sim.simulation import collector_paused
 from sim.verdict import SloWatch
 from sim.workload import requests_from_trace
 from sweeps.stream import Search, as_stream, drive
@@ -128,16 +129,32 @@ def run_point(context: SweepContext, point: SweepPoint) -> dict:
     fails, or None)."""
     config = context.config(point)  # invalid combinations fail here, naming the limit
     trace = scale_qps(context.trace, point.qps_scale) if point.qps_scale != 1 else context.trace
-    requests = requests_from_trace(trace)
-    loop = closed_loop(trace, requests, open_loop=context.open_loop)  # as simulate runs it
-    result, _ = run_deployment(requests, config, context.backend, context.cluster,
-                               verdict_watch(requests, point.verdict, config), loop)
-    summary = summarize(result, context.slo)
+    summary, stopped_s = replay_summary(trace, config, context.backend, context.cluster,
+                                        point.verdict, context.open_loop, context.slo)
     row = point_row(context, point)
     if point.verdict is not None:
-        row["stopped_s"] = result.stopped_s
+        row["stopped_s"] = stopped_s
     row.update(summary)
     return row
+
+
+def replay_summary(trace: Trace, config: SchedulerConfig, backend: Backend,
+                   cluster: ClusterConfig | None, verdict: CapacitySlo | None,
+                   open_loop: bool, slo: Slo | None = None) -> tuple[dict, float | None]:
+    """Replay the trace as `simulate` does (its sessions closed-loop unless open_loop),
+    stopped once it certainly misses `verdict`: its summary and when it stopped (None: it
+    ran to the end). Everything the replay builds, its requests included, is freed by
+    reference counting before the cyclic collector runs again, so no collector pass scans
+    it (a search runs many replays, most of them stopped with their queues full)."""
+    def replay() -> tuple[dict, float | None]:
+        requests = requests_from_trace(trace)
+        loop = closed_loop(trace, requests, open_loop=open_loop)
+        result, _ = run_deployment(requests, config, backend, cluster,
+                                   verdict_watch(requests, verdict, config), loop)
+        return summarize(result, slo), result.stopped_s
+
+    with collector_paused():
+        return replay()
 
 
 def point_row(context: SweepContext, point: SweepPoint) -> dict:

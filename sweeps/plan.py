@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sim.closed_loop import closed_loop
 from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cost_model import AnalyticCostModel
 from sim.deployment import (
@@ -25,12 +24,9 @@ from sim.deployment import (
     build_deployment,
 )
 from sim.hardware import gpu_hour_usd
-from sim.metrics import summarize
-from sim.policy_runs import run_deployment
 from sim.router import RouterConfig
 from sim.scheduler import SchedulerConfig
-from sim.workload import requests_from_trace
-from sweeps.grid import CapacitySlo, Runner, verdict_watch
+from sweeps.grid import CapacitySlo, Runner, replay_summary
 from sweeps.stream import Stream, as_stream
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
@@ -134,11 +130,8 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
     trace = context.trace
     if point.qps_scale != 1:
         trace = scale_qps(trace, point.qps_scale)
-    requests = requests_from_trace(trace)
-    loop = closed_loop(trace, requests, open_loop=context.open_loop)  # as simulate runs it
-    result, _ = run_deployment(requests, config, backend, cluster,
-                               verdict_watch(requests, point.verdict, config), loop)
-    summary = summarize(result)
+    summary, stopped_s = replay_summary(trace, config, backend, cluster, point.verdict,
+                                        context.open_loop)
     family = point.family
     gpus = cluster.num_engines * family.tp
     row = {key: value for key, value in asdict(family).items() if key != "pd"}
@@ -149,7 +142,7 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
         usd_per_hour=context.usd_per_hour(family, point.scale),
         qps_scale=point.qps_scale, num_blocks=config.num_blocks,
         rate_rps=len(trace) / trace.span_s if trace.span_s > 0 else math.inf,
-        stopped_s=result.stopped_s)
+        stopped_s=stopped_s)
     row.update(summary)
     row["meets_slo"] = context.slo.met(row)
     return row
