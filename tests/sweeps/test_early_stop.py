@@ -56,7 +56,7 @@ def test_a_stopped_run_is_freed_by_reference_counting(trace, name):
     of the cyclic collector scans until one frees them. (The environment itself, with the
     few events still queued, may wait for the collector.)"""
     def built() -> int:
-        return sum(isinstance(o, (Scheduler, Request)) for o in gc.get_objects())
+        return sum(type(o) in (Scheduler, Request) for o in gc.get_objects())
 
     context = SweepContext(trace, BACKEND, num_blocks=2000, cluster=DEPLOYMENTS[name])
     gc.collect()
