@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sim.core import FinishReason, Request
-from sim.metrics import inter_token_latencies_ms, summarize
+from sim.metrics import _stats, inter_token_latencies_ms, summarize
 from sim.simulation import RunResult
 
 
@@ -46,3 +46,17 @@ def test_summary_counts_ttft_from_arrival_and_steps_time_weighted():
     assert summary["mean_kv_usage"] == pytest.approx((0.25 * 1 + 0.5 * 3) / 4)
     assert summary["slot_utilization"] == pytest.approx(3 / 4)
     assert summary["num_steps"] == 2 and summary["max_batch_size"] == 2
+
+
+@pytest.mark.parametrize("values", [[3.0, 1.0, 2.0, 9.0, 4.0], [3.0, np.nan, 1.0, 9.0, 2.0]])
+def test_latency_stats_are_numpys_and_leave_the_callers_array_as_it_was(values):
+    """_stats partitions its own copy in place (a run's gaps are gigabytes): the caller's
+    array keeps its order, and the mean is taken in that order, before the partition."""
+    given = np.array(values)
+    out: dict = {}
+    _stats("itl", given, out)
+    np.testing.assert_array_equal(given, values)
+    finite = given[~np.isnan(given)]
+    assert out["mean_itl_ms"] == float(finite.mean())
+    assert out["p99_itl_ms"] == float(np.percentile(finite, 99))
+    assert out["median_itl_ms"] == float(np.percentile(finite, 50))
