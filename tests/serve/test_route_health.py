@@ -5,7 +5,6 @@ once; nothing here decides by how fast the machine is."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import time
 from collections import Counter
@@ -16,7 +15,7 @@ import pytest
 from serve.route import RouteConfig, RouterThread
 from serve.route_health import Health, HealthConfig
 from sim.router import RouterConfig
-from tests.serve.helpers import HANG_S, async_client
+from tests.serve.helpers import HANG_S
 from tests.serve.route_fakes import FakeClock, FakeUpstream
 from tests.serve.test_route import post, router_metric
 
@@ -26,6 +25,7 @@ BACKOFF_S = 1000.0  # on the fake clock: nothing comes back until the test advan
 # 0.3 s, three checks of the healthy fake in a row timed out under load: both upstreams out,
 # and a request sent to the hung one in the panic that followed).
 CHECK_TIMEOUT_S = 1.0
+CONNECT_TIMEOUT_S = 1.0  # the healthy fake's connections: a hung upstream's are made at once
 FIRST_BYTE_TIMEOUT_S = 2.0
 
 
@@ -36,7 +36,8 @@ def hung_router(urls: list[str], clock: FakeClock, checks: bool) -> RouterThread
                           check_timeout_s=CHECK_TIMEOUT_S, eject_after_failures=3,
                           ejection_base_s=BACKOFF_S, ejection_max_s=4 * BACKOFF_S)
     config = RouteConfig(tuple(urls), RouterConfig("round-robin"), 0.05,
-                         connect_timeout_s=0.5, first_byte_timeout_s=FIRST_BYTE_TIMEOUT_S,
+                         connect_timeout_s=CONNECT_TIMEOUT_S,
+                         first_byte_timeout_s=FIRST_BYTE_TIMEOUT_S,
                          health=health)
     return RouterThread(config, clock=clock)
 
@@ -65,15 +66,14 @@ def wait_for_state(r: RouterThread, url: str, state: str) -> dict:
 
 
 def answers(r: RouterThread, count: int) -> Counter:
-    """`count` requests at once: the status and answering upstream of each."""
-    async def main() -> list[tuple[int, str]]:
-        async with async_client(r.url) as client:
-            responses = await asyncio.gather(*(client.post("/v1/completions",
-                                                           json={"prompt": "hi"})
-                                               for _ in range(count)))
-        return [(x.status_code, x.json().get("model", "")) for x in responses]
-
-    return Counter(asyncio.run(main()))
+    """`count` requests, one after another on one connection: the status and answering
+    upstream of each. (Round-robin alternates, so a run of them shows who is in rotation;
+    sent at once, they made the router open as many connections to the healthy fake, which
+    a loaded machine took past the connect timeout.)"""
+    with httpx.Client(base_url=r.url, trust_env=False, timeout=HANG_S) as client:
+        return Counter((x.status_code, x.json().get("model", ""))
+                       for x in (client.post("/v1/completions", json={"prompt": "hi"})
+                                 for _ in range(count)))
 
 
 def test_hung_upstream_is_ejected_by_checks_and_back_in_rotation_after_the_backoff(stopped):
@@ -208,7 +208,7 @@ def test_a_non_streamed_answer_may_take_longer_than_the_first_byte_timeout(stopp
     with (hung_router([stopped.url], FakeClock(), checks=False) as r,
           concurrent.futures.ThreadPoolExecutor(1) as pool):
         answer = pool.submit(post, r.url, {"prompt": "hi"})
-        time.sleep(1.5)  # past the 1 s first-byte timeout: it would have fired by now
+        time.sleep(FIRST_BYTE_TIMEOUT_S + 0.5)  # the timeout would have fired by now
         stopped.start()
         response = answer.result()
     assert response.status_code == 200 and response.json()["model"] == "b"
