@@ -66,14 +66,12 @@ def wait_for_state(r: RouterThread, url: str, state: str) -> dict:
 
 
 def answers(r: RouterThread, count: int) -> Counter:
-    """`count` requests, one after another on one connection: the status and answering
-    upstream of each. (Round-robin alternates, so a run of them shows who is in rotation;
-    sent at once, they made the router open as many connections to the healthy fake, which
-    a loaded machine took past the connect timeout.)"""
-    with httpx.Client(base_url=r.url, trust_env=False, timeout=HANG_S) as client:
-        return Counter((x.status_code, x.json().get("model", ""))
-                       for x in (client.post("/v1/completions", json={"prompt": "hi"})
-                                 for _ in range(count)))
+    """`count` requests, one after another: the status and answering upstream of each.
+    (Round-robin alternates, so a run of them shows who is in rotation; sent at once, they
+    made the router open as many connections to the healthy fake, which a loaded machine
+    took past the connect timeout.)"""
+    responses = [post(r.url, {"prompt": "hi"}) for _ in range(count)]
+    return Counter((x.status_code, x.json().get("model", "")) for x in responses)
 
 
 def test_hung_upstream_is_ejected_by_checks_and_back_in_rotation_after_the_backoff(stopped):
