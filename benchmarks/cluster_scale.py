@@ -7,8 +7,8 @@ best existing simulator on the same machine class). The trace has azure-conv's l
 deployment is Llama-3-8B on one H100 per replica, chunked prefill, priced by the fitted GPU
 model (`--cost roofline`: the analytic roofline, to compare the two's cost). Prints the wall time of
 the replay alone and its cost per request, per engine step and per token. `--listed` lists
-every decode row in every plan instead of deferring them (sim.deferred), and so runs no
-quiet steps in bulk either (sim.coast): the same results, the cost both save. `--pd P:D`
+every decode row in every plan instead of deferring them (sim.engine.deferred), and so runs no
+quiet steps in bulk either (sim.replay.coast): the same results, the cost both save. `--pd P:D`
 replays P prefill and D decode engines instead of the replicas (the rate follows P + D).
 
     python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32] [--listed]
@@ -21,14 +21,14 @@ import argparse
 import time
 
 from executor.loading import cpu_model
-from sim.cluster import ClusterConfig, run_cluster
-from sim.cost_model import AnalyticCostModel
-from sim.engine import Engine
-from sim.gpu_cost import gpu_cost_backend
-from sim.metrics import summarize
-from sim.router import RouterConfig
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.workload import requests_from_trace
+from sim.cluster.router import RouterConfig
+from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cost.gpu_cost import gpu_cost_backend
+from sim.cost.roofline import AnalyticCostModel
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.metrics import summarize
+from sim.replay.workload import requests_from_trace
 from workloads import open_trace
 
 REFERENCE_S = 41.0  # one replica of azure-code in the best existing simulator

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.fit import fit_profile, profile_backend
-from calibration.interleave import measure_interleaved
-from calibration.validation import STEP_KINDS, compare, overall
 from executor.loading import cpu_model
 from executor.native import ROW_KNOTS
-from sim.calibrated import feature_names
-from sim.scheduler import POLICIES, SchedulerConfig
+from servelab.calibration.fit import fit_profile, profile_backend
+from servelab.calibration.interleave import measure_interleaved
+from servelab.calibration.validation import STEP_KINDS, compare, overall
+from sim.cost.calibrated import feature_names
+from sim.engine.scheduler import POLICIES, SchedulerConfig
 
 KNOTS = frozenset(feature_names(ROW_KNOTS)) - frozenset(feature_names())
 VARIANTS = {  # name -> the features left out

@@ -45,7 +45,7 @@ def decode_throughput(loaded, batches: list[int], repeats: int) -> list[dict]:
 
     from executor.backend import ModelBackend
     from executor.profile import ProfilePoint, measure
-    from sim.block_manager import BlockManager
+    from sim.engine.block_manager import BlockManager
 
     blocks = max(batches) * -(-(CONTEXT + 1) // BLOCK_SIZE) + 1
     backend = ModelBackend(loaded.model, BlockManager(blocks, BLOCK_SIZE))

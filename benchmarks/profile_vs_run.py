@@ -11,7 +11,8 @@ calibration-then-validation comparison minutes apart cannot promise.
     python benchmarks/profile_vs_run.py --trace azure-conv --max-requests 150 \\
         --length-scale 0.1 --qps-scale 3
 
-prints, per step kind (calibration.validation.STEP_KINDS), the median in-run step and the medians of
+prints, per step kind (servelab.calibration.validation.STEP_KINDS), the median in-run step and the
+medians of
 again / in-run and profiled / in-run. --separate also profiles on a second backend with its
 own KV pool, where validate --calibrate times a grid shape that does not fit the run's free
 KV blocks; --grid interleaves the grid as validate does (on the run's backend where a shape
@@ -32,9 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run_args import add_run_args, trace_and_model  # noqa: E402
 
-from calibration.fit import fit_profile  # noqa: E402
-from calibration.interleave import Interleaved  # noqa: E402
-from calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from executor.backend import ModelBackend  # noqa: E402
 from executor.profile import (  # noqa: E402
     GridProfile,
@@ -45,12 +43,15 @@ from executor.profile import (  # noqa: E402
     run_point,
 )
 from executor.prompts import attach_prompt_tokens  # noqa: E402
-from sim.block_manager import BlockManager  # noqa: E402
-from sim.core import BatchPlan, StepResult  # noqa: E402
-from sim.engine import Engine  # noqa: E402
-from sim.scheduler import POLICIES, Scheduler, SchedulerConfig  # noqa: E402
-from sim.simulation import run_trace  # noqa: E402
-from sim.workload import requests_from_trace  # noqa: E402
+from servelab.calibration.fit import fit_profile  # noqa: E402
+from servelab.calibration.interleave import Interleaved  # noqa: E402
+from servelab.calibration.validation import STEP_KINDS, step_kind  # noqa: E402
+from sim.engine.block_manager import BlockManager  # noqa: E402
+from sim.engine.core import BatchPlan, StepResult  # noqa: E402
+from sim.engine.scheduler import POLICIES, Scheduler, SchedulerConfig  # noqa: E402
+from sim.engine.step import Engine  # noqa: E402
+from sim.replay.simulation import run_trace  # noqa: E402
+from sim.replay.workload import requests_from_trace  # noqa: E402
 
 
 class CheckingBackend(ModelBackend):

@@ -44,9 +44,9 @@ def parse_args() -> argparse.Namespace:
 def offline(model, prompts: list[list[int]], outputs: list[int], policy: str):
     """(output tokens per wall second, outputs) of a plain engine loop, all requests at t=0."""
     from executor.backend import ModelBackend
-    from sim.core import Request, SamplingParams
-    from sim.engine import Engine
-    from sim.scheduler import Scheduler, SchedulerConfig
+    from sim.engine.core import Request, SamplingParams
+    from sim.engine.scheduler import Scheduler, SchedulerConfig
+    from sim.engine.step import Engine
 
     config = SchedulerConfig(policy=policy, num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
     scheduler = Scheduler(config)
@@ -100,7 +100,7 @@ def served(url: str, prompts: list[list[int]], outputs: list[int]):
     The client runs on its own thread, free to use any core: this process's main thread was
     pinned to one core with torch's threads, like a server's engine thread.
     """
-    from serve.client import BenchConfig, BenchRequest, run_bench, summarize_bench
+    from servelab.bench.client import BenchConfig, BenchRequest, run_bench, summarize_bench
 
     requests = [BenchRequest(str(i), 0.0, p, n) for i, (p, n) in
                 enumerate(zip(prompts, outputs, strict=True))]

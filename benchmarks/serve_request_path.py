@@ -1,7 +1,8 @@
 """Where a request's time goes in `servelab serve --simulate`, outside the simulated step.
 
 Runs a simulated Llama-3-8B / A100-80GB server in this process (uvicorn on a thread, the
-engine thread beside it) and the load client (serve.client.run_bench, bench-serve's code) in
+engine thread beside it) and the load client (servelab.bench.client.run_bench, bench-serve's code)
+in
 a child process, so the two do not share an interpreter. By default the client sends lone
 streamed requests of `--prompt-len` token ids, spaced so each finds the server idle;
 `--trace SPEC` replays a trace instead (sessions closed-loop, as bench-serve does). Each
@@ -41,20 +42,20 @@ from pathlib import Path
 
 import uvicorn
 
-import serve.client as client
-import serve.completions as completions
-import serve.engine_thread as engine_thread
-import serve.handoff as handoff
-from serve.api import build_app
-from serve.client import BenchConfig, BenchRequest, bench_requests, run_bench
-from serve.engine_thread import EngineThread, EngineThreadConfig
-from serve.server import assemble, bind
-from serve.simulated import SimulatedBackend, filler_token_id
-from serve.state import ApiConfig
-from serve.tokenize_api import add_tokenize_routes
-from serve.tokenizer import ByteTokenizer
+import servelab.bench.client as client
+import servelab.serve.completions as completions
+import servelab.serve.engine_thread as engine_thread
+import servelab.serve.handoff as handoff
+from servelab.bench.client import BenchConfig, BenchRequest, bench_requests, run_bench
+from servelab.serve.api import build_app
+from servelab.serve.engine_thread import EngineThread, EngineThreadConfig
+from servelab.serve.server import assemble, bind
+from servelab.serve.simulated import SimulatedBackend, filler_token_id
+from servelab.serve.state import ApiConfig
+from servelab.serve.tokenize_api import add_tokenize_routes
+from servelab.serve.tokenizer import ByteTokenizer
 from sim.deployment import DeploymentOptions, build_deployment
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler, SchedulerConfig
 from workloads import open_trace
 
 GAPS = (("sent", "handler"), ("handler", "parsed"), ("parsed", "queued"),

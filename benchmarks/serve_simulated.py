@@ -5,7 +5,7 @@ at it with `servelab bench-serve` (another subprocess, so the client does not sh
 server's interpreter), runs `servelab simulate` with the same flags, and prints the median
 TTFT and ITL of both and their ratio, with how long the server took to start listening.
 The server's wall clock adds what the simulator leaves out: Python bookkeeping between
-steps (serve/simulated.py takes it out of each step's sleep), HTTP and SSE latency. The
+steps (servelab/serve/simulated.py takes it out of each step's sleep), HTTP and SSE latency. The
 server's request log gives its own TTFT (request parsed -> first token's step end), so the
 client's TTFT less that is the HTTP path.
 Run: python benchmarks/serve_simulated.py [--max-requests 500] [--qps-scale 1]

@@ -16,11 +16,11 @@ import subprocess
 import sys
 import time
 
-from sim.cost_model import AnalyticCostModel
-from sim.engine import Engine
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
-from sim.workload import requests_from_trace
+from sim.cost.roofline import AnalyticCostModel
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
+from sim.replay.workload import requests_from_trace
 from workloads import load_bundled
 from workloads.transforms import head
 

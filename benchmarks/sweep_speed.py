@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from sim.cost_model import AnalyticCostModel
-from sweeps.grid import DEFAULT_QPS_SCALES, SweepContext, grid
-from sweeps.runners import LocalRunner, RayRunner
+from servelab.sweeps.grid import DEFAULT_QPS_SCALES, SweepContext, grid
+from servelab.sweeps.runners import LocalRunner, RayRunner
+from sim.cost.roofline import AnalyticCostModel
 from workloads import load_bundled
 
 TARGET_S = 60.0

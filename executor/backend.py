@@ -19,8 +19,8 @@ from executor.model import Transformer
 from executor.native import ROW_KNOTS
 from executor.sampling import Sampler
 from executor.weights import load_hf_model, random_model
-from sim.block_manager import BlockManager
-from sim.core import BatchPlan, Request, StepResult
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import BatchPlan, Request, StepResult
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -84,7 +84,7 @@ class ModelBackend:
                                        pin_memory=self.device.type == "cuda")
         self.sampler = Sampler(self.device)
         # If given, every executed step's (plan, seconds) is appended: what a cost model
-        # is checked against (sim.calibrated.in_run_step_error).
+        # is checked against (sim.cost.calibrated.in_run_step_error).
         self.step_log = step_log
 
     def execute(self, plan: BatchPlan) -> StepResult:

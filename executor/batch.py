@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from executor.config import ModelArgs
-from sim.block_manager import BlockManager
-from sim.core import BatchPlan, Request
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import BatchPlan, Request
 
 MIN_GEMM_ROWS = 4  # MKL picks other kernels below 4 rows; pad attention matmuls to >= 4
 KV_PAD_MULTIPLE = 16  # keys padded to whole SIMD vectors, so softmax sums never change order

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.model_specs import ModelSpec, model_spec
+from sim.specs.model_specs import ModelSpec, model_spec
 
 # HF `architectures` entries this executor runs: all Llama-family decoders.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")

@@ -2,7 +2,8 @@
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
 (a chunk riding with decodes), ragged steps (prompt bursts with decodes) and static batches
-mostly made of padding rows. Each point is a BatchPlan built the scheduler's way (sim.plan)
+mostly made of padding rows. Each point is a BatchPlan built the scheduler's way
+(sim.engine.batch_plan)
 over requests whose KV blocks are allocated, run several times through ModelBackend.execute,
 in rounds over the grid; the median measured duration is the point's step time, and the
 runs' spread around it the calibration's step jitter.
@@ -17,9 +18,9 @@ import numpy as np
 
 from executor.backend import ModelBackend
 from executor.native import ROW_KNOTS
-from sim.block_manager import BlockManager
-from sim.core import BatchPlan, Request
-from sim.plan import add_padding, add_to_plan
+from sim.engine.batch_plan import add_padding, add_to_plan
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import BatchPlan, Request
 
 # A sequence's share of a profiled step: (tokens already in KV, tokens computed now).
 Share = tuple[int, int]

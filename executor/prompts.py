@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sim.core import Request
+from sim.engine.core import Request
 from workloads.trace import PREFIX_BLOCK_TOKENS
 
 FIRST_TOKEN_ID = 3  # skip the ids tokenizers usually reserve (pad, bos, eos)

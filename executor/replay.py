@@ -7,11 +7,11 @@ from collections.abc import Callable
 from executor.backend import ModelBackend
 from executor.model import Transformer
 from executor.prompts import attach_prompt_tokens
-from sim.closed_loop import ClosedLoop, run_closed_trace
-from sim.core import BatchPlan, Request
-from sim.engine import Engine
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import RunResult, run_trace
+from sim.cluster.closed_loop import ClosedLoop, run_closed_trace
+from sim.engine.core import BatchPlan, Request
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import RunResult, run_trace
 
 
 def measured_run(requests: list[Request], config: SchedulerConfig, model: Transformer,
@@ -23,7 +23,7 @@ def measured_run(requests: list[Request], config: SchedulerConfig, model: Transf
     """Replay requests on the model; the clock advances by each step's measured duration.
     step_log, if given, receives every step's (plan, seconds); on_backend, the run's
     backend before its first step; with a loop, requests arrive as it releases them
-    (sim.closed_loop), not at their times."""
+    (sim.cluster.closed_loop), not at their times."""
     attach_prompt_tokens(requests, model.args.vocab_size, seed)
     scheduler = Scheduler(config)
     backend = ModelBackend(model, scheduler.block_manager, step_log=step_log)

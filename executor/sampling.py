@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sim.core import Request, SamplingParams
+from sim.engine.core import Request, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 # A temperature below this is greedy, as in vLLM: dividing logits by a tiny one overflows

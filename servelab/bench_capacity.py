@@ -46,11 +46,11 @@ def add_capacity_args(parser: argparse.ArgumentParser) -> None:
 
 def run_capacity(args: argparse.Namespace, trace, config) -> int:
     """Search, print each stage as it ends and the result; write --out and --json."""
-    from serve.capacity import CapacitySearch, find_live_capacity
-    from serve.capacity_stage import stage_runner, trace_rate_rps, warm_up
-    from serve.client import model_card
-    from serve.connection import make_client
-    from sweeps.grid import CapacitySlo
+    from servelab.bench.capacity import CapacitySearch, find_live_capacity
+    from servelab.bench.capacity_stage import stage_runner, trace_rate_rps, warm_up
+    from servelab.bench.client import model_card
+    from servelab.bench.connection import make_client
+    from servelab.sweeps.grid import CapacitySlo
 
     slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     start = args.capacity_start_rate or trace_rate_rps(trace)
@@ -125,7 +125,7 @@ def _write(args: argparse.Namespace, trace, model: str, slo, result, stages: lis
     record = {"policy": model, "num_blocks": 0, "token_budget": 0, "max_num_seqs": 0,
               "capacity_rate_rps": result.rate_rps}
     if args.out is not None:
-        from reporting.sweep_charts import latency_vs_load
+        from servelab.reporting.charts.sweep_charts import latency_vs_load
 
         args.out.mkdir(parents=True, exist_ok=True)
         table = pd.DataFrame(stages, columns=[*_STAGE_COLUMNS, "qps_scale", "stopped_early",

@@ -6,26 +6,26 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from servelab import (
-    cmd_bench_serve,
-    cmd_calibrate,
-    cmd_fidelity_gpu,
-    cmd_hardware,
-    cmd_plan,
-    cmd_report,
-    cmd_route,
-    cmd_run,
-    cmd_serve,
-    cmd_simulate,
-    cmd_sweep,
-    cmd_trace,
-    cmd_validate,
+from servelab.commands import (
+    bench_serve,
+    calibrate,
+    fidelity_gpu,
+    hardware,
+    plan,
+    report,
+    route,
+    run,
+    serve,
+    simulate,
+    sweep,
+    trace,
+    validate,
 )
 
 # Each subcommand module exposes register(subparsers); register() sets args.func.
 COMMANDS = (
-    cmd_trace, cmd_simulate, cmd_sweep, cmd_plan, cmd_run, cmd_calibrate, cmd_validate, cmd_report,
-    cmd_serve, cmd_bench_serve, cmd_route, cmd_hardware, cmd_fidelity_gpu,
+    trace, simulate, sweep, plan, run, calibrate, validate, report, serve, bench_serve, route,
+    hardware, fidelity_gpu,
 )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from sim.cluster import DEFAULT_KV_LINK_GBPS, ClusterConfig
+from sim.cluster.router import ROUTERS, RouterConfig
+from sim.cluster.run import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.deployment import Deployment
-from sim.router import ROUTERS, RouterConfig
 
 # How vLLM's front end spreads requests over data-parallel engines: to the least loaded.
 DATA_PARALLEL_ROUTER = "least-requests"

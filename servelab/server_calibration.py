@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from calibration.fit import save_calibration
-from calibration.remote import (
+from executor.loading import cpu_model
+from servelab.calibration.fit import save_calibration
+from servelab.calibration.remote import (
     OUTLIER_ERROR,
     Observations,
     error_by_kind,
@@ -23,15 +24,14 @@ from calibration.remote import (
     outliers_by_kind,
     probes,
 )
-from executor.loading import cpu_model
 
 FIRST_ERRORS = 3  # errors a report lists (the count covers all)
 
 
 def calibrate_url(args: argparse.Namespace) -> int:
     """Probe the server at --url, fit the cost model and its request overhead, save them."""
-    from serve.client import BenchConfig
-    from serve.probe import read_limits, run_probes
+    from servelab.bench.client import BenchConfig
+    from servelab.bench.probe import read_limits, run_probes
 
     config = BenchConfig(args.url, args.model, args.api_key)
     limits, card = asyncio.run(read_limits(config, args.max_num_seqs, args.token_budget))
@@ -94,12 +94,12 @@ def calibrate_url(args: argparse.Namespace) -> int:
 
 def validate_url(args: argparse.Namespace) -> int:
     """Replay the trace against --url (--repeats times) and simulate it as that server."""
-    from calibration.validation import VALIDATED, compare, overall
+    from servelab.calibration.validation import VALIDATED, compare, overall
     from servelab.sim_args import scheduler_config, write_json_atomic
     from servelab.trace_args import load_trace_from_args
     from servelab.validate_output import format_errors, format_overall
-    from sim.calibrated import CalibratedCostModel
-    from sim.metrics import summarize
+    from sim.cost.calibrated import CalibratedCostModel
+    from sim.replay.metrics import summarize
 
     if args.cost_model is None:
         raise ValueError("validate --url needs --cost-model (a calibration from calibrate --url)")
@@ -127,7 +127,7 @@ def validate_url(args: argparse.Namespace) -> int:
     print(format_errors(results))
     print(format_overall(results))
     if args.out is not None:
-        from reporting.fidelity_charts import write_validation
+        from servelab.reporting.charts.fidelity_charts import write_validation
 
         write_validation(args.out, trace.name, results, pairs)
     if args.json is not None:
@@ -149,7 +149,7 @@ def validate_url(args: argparse.Namespace) -> int:
 class Failures:
     """Requests of the replays that got no complete answer (as `vllm bench serve` counts
     them), the first errors, and the requests sent a second time because their first try
-    never reached the server (serve.connection)."""
+    never reached the server (servelab.bench.connection)."""
 
     count: int
     sent: int
@@ -169,8 +169,8 @@ def _replay(args: argparse.Namespace, trace, num_blocks: int, max_num_seqs: int
     """Replay the trace --repeats times, each with another seed (other prompts: nothing
     cached from before): the runs, the served model, and the requests that failed; more of
     those than --max-failed-share of the requests sent is an error."""
-    from serve.client import BenchConfig, replay_trace
-    from sim.simulation import RunResult
+    from servelab.bench.client import BenchConfig, replay_trace
+    from sim.replay.simulation import RunResult
 
     bench = BenchConfig(args.url, args.model, args.api_key)
     runs, errors, retried = [], [], 0

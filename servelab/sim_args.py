@@ -8,16 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sim.cost_model import QUANTIZATIONS
+from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DTYPE_NAMES,
     Deployment,
     DeploymentOptions,
 )
-from sim.metrics import Slo
-from sim.scheduler import POLICIES, SchedulerConfig
-from sim.scheduler_config import PREEMPTION_MODES, QUEUES
+from sim.engine.scheduler import POLICIES, SchedulerConfig
+from sim.engine.scheduler_config import PREEMPTION_MODES, QUEUES
+from sim.replay.metrics import Slo
 from workloads.files import atomic_output
 
 

@@ -30,7 +30,7 @@ is an error naming its line.
 {SPEC_HELP}"""
 
 
-# --open-loop, as every simulating command spells it (sim.closed_loop runs the default).
+# --open-loop, as every simulating command spells it (sim.cluster.closed_loop runs the default).
 OPEN_LOOP_HELP = ("replay every arrival time as written, sessions' turns included (default: a "
                   "session's turn waits for the previous answer plus its think time, as "
                   "bench-serve sends it)")

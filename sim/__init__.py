@@ -1,1 +1,1 @@
-"""Simulator core: requests, KV blocks, scheduler, engine step, SimPy loop, cost models."""
+"""The engine every driver shares, its specifications and step pricing, and the SimPy replay."""

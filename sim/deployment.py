@@ -11,15 +11,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.calibrated import CalibratedCostModel
-from sim.core import Backend
-from sim.cost_model import DTYPE_BYTES, AnalyticCostModel
-from sim.gpu_cost import gpu_cost_backend
-from sim.gpu_terms import coverage as gpu_coverage
-from sim.hardware import GiB, HardwareSpec, hardware_spec
-from sim.kv_reserve import DEFAULT_PROFILE_TOKENS, ProfileShape, vllm_reserve_bytes
-from sim.model_config import resolve_model
-from sim.model_specs import ModelSpec
+from sim.cost.calibrated import CalibratedCostModel
+from sim.cost.gpu_cost import gpu_cost_backend
+from sim.cost.gpu_terms import coverage as gpu_coverage
+from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel
+from sim.engine.core import Backend
+from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
+from sim.specs.kv_reserve import DEFAULT_PROFILE_TOKENS, ProfileShape, vllm_reserve_bytes
+from sim.specs.model_config import resolve_model
+from sim.specs.model_specs import ModelSpec
 
 DEFAULT_MAX_MODEL_LEN = 8192  # servelab's cap on the model's own context by default
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
@@ -53,7 +53,7 @@ class DeploymentOptions:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_blocks: int | None = None  # overrides the sized pool
     # What vLLM's memory profile runs (the reserve grows with both): None tokens is
-    # servelab's default budget, sim.kv_reserve.DEFAULT_PROFILE_TOKENS.
+    # servelab's default budget, sim.specs.kv_reserve.DEFAULT_PROFILE_TOKENS.
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 256
     cost_model: Path | None = None  # a calibration instead of the analytic model
@@ -179,7 +179,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     if model.is_mla:
         pricing += ("; latent attention priced with the attention terms fitted on standard "
                     "attention (extrapolated)")
-    if model.attention_chunk_size:  # (sim.model_specs: an upper bound past one chunk)
+    if model.attention_chunk_size:  # (sim.specs.model_specs: an upper bound past one chunk)
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
     return Deployment(model, hardware, dtype, parallel, pool, priced,
@@ -190,7 +190,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
 
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
                    parallel: Parallelism) -> int:
-    """What vLLM's memory profile holds back on each GPU for these limits (sim.kv_reserve)."""
+    """What vLLM's memory profile holds back on each GPU for these limits (sim.specs.kv_reserve)."""
     tokens = options.max_num_batched_tokens or DEFAULT_PROFILE_TOKENS
     try:
         shape = ProfileShape(tokens, options.max_num_seqs)

@@ -14,24 +14,23 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from sim.closed_loop import ClosedLoop, closed_loop, run_closed_cluster, run_closed_trace
-from sim.cluster import ClusterConfig, ClusterResult, run_cluster
-from sim.core import Backend, Request
-from sim.engine import Engine
-from sim.metrics import (
+from sim.cluster.closed_loop import ClosedLoop, closed_loop, run_closed_cluster, run_closed_trace
+from sim.cluster.run import ClusterConfig, ClusterResult, run_cluster
+from sim.cluster.tables import replica_table, served_by
+from sim.engine.core import Backend, Request
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.engine.step_log import StepLog
+from sim.replay.metrics import (
     Slo,
     inter_token_latencies_ms,
-    replica_table,
     request_table,
-    served_by,
     step_table,
     summarize,
 )
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import RunResult, run_trace
-from sim.step_log import StepLog
-from sim.verdict import VerdictReached
-from sim.workload import requests_from_trace
+from sim.replay.simulation import RunResult, run_trace
+from sim.replay.verdict import VerdictReached
+from sim.replay.workload import requests_from_trace
 from workloads.trace import Trace
 
 
@@ -39,10 +38,10 @@ from workloads.trace import Trace
 class RunTables:
     """One policy's results, as the charts read them."""
 
-    summary: dict  # sim.metrics.summarize() output
-    requests: pd.DataFrame  # sim.metrics.request_table()
-    steps: pd.DataFrame  # sim.metrics.step_table(): the fields of StepRecord
-    itl_ms: np.ndarray  # sim.metrics.inter_token_latencies_ms(), shape [num_gaps]
+    summary: dict  # sim.replay.metrics.summarize() output
+    requests: pd.DataFrame  # sim.replay.metrics.request_table()
+    steps: pd.DataFrame  # sim.replay.metrics.step_table(): the fields of StepRecord
+    itl_ms: np.ndarray  # sim.replay.metrics.inter_token_latencies_ms(), shape [num_gaps]
     num_blocks: int  # KV pool size, turns kv_blocks_used into a fraction
 
 
@@ -53,7 +52,7 @@ class PolicyOutcome:
 
     summary: dict
     tables: RunTables | None = None
-    replicas: pd.DataFrame | None = None  # sim.metrics.replica_table()
+    replicas: pd.DataFrame | None = None  # sim.cluster.tables.replica_table()
 
 
 def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
@@ -95,11 +94,11 @@ def run_deployment(requests: list[Request], config: SchedulerConfig, backend: Ba
                    ) -> tuple[RunResult, ClusterResult | None]:
     """Requests through one engine, or through the cluster `cluster` describes (every
     engine with its own scheduler of `config`); the cluster's own result when there is one.
-    An on_step that raises VerdictReached (sim.verdict.SloWatch) stops the replay: the run
+    An on_step that raises VerdictReached (sim.replay.verdict.SloWatch) stops the replay: the run
     as it stood, with its stop time (and no cluster result): the requests that had arrived
     by then (those still to come were no part of it, and summing them up would cost as much
     as the stopped run itself). With a loop, requests arrive as it releases them
-    (sim.closed_loop), not at their times."""
+    (sim.cluster.closed_loop), not at their times."""
     single = cluster is None or cluster.num_engines == 1 and not cluster.disaggregated
     engines = [Engine(Scheduler(config), backend)
                for _ in range(1 if single else cluster.num_engines)]

@@ -4,8 +4,9 @@ with the oldest turns dropped to fit max_model_len as chat clients truncate.
 A turn's arrival_s is the previous turn's arrival plus its think time (as if answers were
 instant): that is what an open-loop replay sends. A closed-loop driver instead releases turn
 k think_s after turn k-1's answer finished, from the trace's session_id, turn and think_s:
-`chains_of` groups the rows as both closed-loop drivers (the load client's serve.closed_loop
-and the simulator's sim.closed_loop) release them.
+`chains_of` groups the rows as both closed-loop drivers (the load client's
+servelab.bench.closed_loop
+and the simulator's sim.cluster.closed_loop) release them.
 
 A server caches the blocks of the answer it generates, and the next turn's prompt carries
 those very tokens: `answer_segments` names each turn's answer by the segment the next turn

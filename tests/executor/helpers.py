@@ -9,8 +9,8 @@ from executor.config import ModelArgs
 from executor.kv_cache import KVCache
 from executor.model import Transformer
 from executor.prompts import synth_prompt_tokens
-from sim.block_manager import BlockManager
-from sim.core import Backend, BatchPlan, Request, SamplingParams, StepResult
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import Backend, BatchPlan, Request, SamplingParams, StepResult
 
 TINY = ModelArgs.from_preset("tiny")
 

@@ -10,8 +10,8 @@ import torch
 from executor.backend import ModelBackend, load_model, resolve_device, resolve_dtype
 from executor.threads import configure_cpu_threads, keep_large_allocations
 from executor.weights import save_hf_checkpoint
-from sim.block_manager import BlockManager
-from sim.core import BatchPlan, Request
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import BatchPlan, Request
 from tests.executor.helpers import make_request
 
 
@@ -122,7 +122,7 @@ def test_bfloat16_on_cpu_runs(tiny_model):
 
 def test_a_measured_run_logs_every_step_it_timed(tiny_model):
     from executor.replay import measured_run
-    from sim.scheduler import SchedulerConfig
+    from sim.engine.scheduler import SchedulerConfig
 
     # All arrive at once: the first static batch holds four of different lengths (so rows
     # finish early and pad) whatever a step measures; arrivals 1 ms apart would batch

@@ -9,10 +9,10 @@ import pytest
 
 from executor.backend import ModelBackend
 from executor.prompts import synth_prompt_tokens
-from sim.core import Request, SamplingParams
-from sim.engine import Engine
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
+from sim.engine.core import Request, SamplingParams
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
 from tests.executor.helpers import TINY, FixedClock, make_request
 
 STEP_S = 0.001  # a fixed clock: batch composition must not hang on measured times

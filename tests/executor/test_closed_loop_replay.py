@@ -1,12 +1,12 @@
 """`validate`'s measured runs on the executor send a session's turn think time after the
-previous answer ended (sim.closed_loop), as the simulation of them does."""
+previous answer ended (sim.cluster.closed_loop), as the simulation of them does."""
 
 from __future__ import annotations
 
 import pytest
 
-from calibration.validation import measure_runs
-from sim.scheduler import SchedulerConfig
+from servelab.calibration.validation import measure_runs
+from sim.engine.scheduler import SchedulerConfig
 from workloads import open_trace
 
 CHAT = ("synthetic:users=2,rate=4,turns=fixed(3),think=fixed(0.25),question=fixed(12),"

@@ -8,9 +8,9 @@ import torch
 
 from executor.backend import ModelBackend
 from executor.weights import random_model
-from sim.engine import Engine
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
 from tests.executor.helpers import TINY, Driver, make_request
 
 pytestmark = [

@@ -8,10 +8,10 @@ import torch
 
 from executor.backend import ModelBackend
 from executor.weights import load_hf_model
-from sim.core import Request
-from sim.engine import Engine
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
+from sim.engine.core import Request
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sim.block_manager import BlockManager
-from sim.core import Request
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import Request
 from tests.executor.helpers import Driver, make_request
 
 ATOL = 1e-5  # float32; in practice the paths agree bit for bit (see test_batch_numerics.py)

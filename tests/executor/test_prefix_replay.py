@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from executor.backend import ModelBackend
 from executor.prompts import attach_prompt_tokens
-from sim.engine import Engine
-from sim.fixed_backend import ConstantBackend
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.simulation import run_trace
-from sim.workload import requests_from_trace
+from sim.cost.fixed_backend import ConstantBackend
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
+from sim.replay.workload import requests_from_trace
 from tests.executor.helpers import FixedClock
 from workloads.trace import PREFIX_BLOCK_TOKENS, Trace
 

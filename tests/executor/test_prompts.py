@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from executor.prompts import attach_prompt_tokens, stable_seed, synth_prompt_tokens
-from sim.core import Request
+from sim.engine.core import Request
 
 
 def test_tokens_are_deterministic_in_range_and_keyed():

@@ -8,7 +8,7 @@ import math
 import torch
 
 from executor.sampling import GREEDY_BELOW_TEMPERATURE, Sampler, sample_row, token_seed
-from sim.core import Request, SamplingParams
+from sim.engine.core import Request, SamplingParams
 
 
 def request(request_id: str, seed: int = 0, outputs: int = 0, **params) -> Request:

@@ -17,7 +17,7 @@ from executor.weights import (
     read_config,
     save_hf_checkpoint,
 )
-from sim.model_specs import MODEL_SPECS
+from sim.specs.model_specs import MODEL_SPECS
 from tests.executor.helpers import TINY
 
 

@@ -1,0 +1,1 @@
+"""One module per `servelab` subcommand: each parses its flags, composes the packages, prints."""

@@ -1,0 +1,66 @@
+"""`servelab calibrate`: profile the executor (or probe a running server with --url), fit the
+cost model, save it as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from servelab.calibration.fit import (
+    calibration_meta,
+    fit_profile,
+    profile_backend,
+    save_calibration,
+)
+from servelab.model_args import add_model_args, add_server_args, load_model_from_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    cal = subparsers.add_parser("calibrate", help="profile the executor, or probe a server, "
+                                                  "and fit a cost model")
+    add_model_args(cal)
+    add_server_args(cal)
+    cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
+    cal.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cal.add_argument("--max-model-len", type=int, default=None)
+    cal.add_argument("--repeats", type=int, default=15,
+                     help="timed rounds over the grid (median per shape)")
+    cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
+    limits = cal.add_argument_group("a server's limits, with --url (recorded in the file)")
+    limits.add_argument("--max-num-seqs", type=int, default=256,
+                        help="most running requests (vLLM's max_num_seqs; default 256)")
+    limits.add_argument("--token-budget", type=int, default=2048,
+                        help="most tokens per step (vLLM's max_num_batched_tokens)")
+    limits.add_argument("--num-blocks", type=int, default=None,
+                        help="KV pool in blocks, where /metrics does not publish it")
+    cal.add_argument("--seed", type=int, default=0, help="random weights and prompt tokens")
+    cal.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        from servelab.server_calibration import calibrate_url
+
+        return calibrate_url(args)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    loaded = load_model_from_args(args)
+    backend, points, num_blocks, max_len = profile_backend(
+        loaded, args.block_size, args.kv_cache_gib, args.max_model_len, args.quick)
+    from executor.profile import measure
+
+    with tqdm(total=len(points) * (args.repeats + 1), unit="step", file=sys.stderr,
+              leave=False, disable=None) as bar:
+        plans, times = measure(backend, points, args.repeats, args.seed, bar.update)
+    fit = fit_profile(plans, times, row_knots=backend.row_knots)
+    meta = calibration_meta(loaded, args.block_size, args.kv_cache_gib, num_blocks, max_len,
+                            len(points), len(times))
+    save_calibration(fit, args.out, meta)
+    print(f"profiled {len(points)} step shapes of {loaded.name} on {loaded.device} "
+          f"({loaded.threads} threads, {loaded.kernels} kernels)")
+    print(fit.describe())
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,258 @@
+"""`servelab plan`: the cheapest deployments that hold a p99 TTFT and ITL SLO on a trace."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.cluster_args import parse_pd
+from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
+from servelab.sweeps.grid import CapacitySlo, find_capacity
+from servelab.sweeps.plan import (
+    DEFAULT_MAX_MODEL_LEN,
+    Family,
+    PlanContext,
+    PlanPoint,
+    cheapest,
+    fitting_families,
+    run_plan_point,
+    simulate_args,
+    smallest_scales,
+)
+from servelab.sweeps.runners import LocalRunner, RayRunner
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from sim.cluster.router import ROUTERS
+from sim.cluster.run import DEFAULT_KV_LINK_GBPS
+from sim.cost.gpu_terms import coverage as gpu_coverage
+from sim.cost.roofline import QUANTIZATIONS
+from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.specs.hardware import HARDWARE_SPECS
+from sim.specs.model_config import resolve_model
+
+_TABLE = ("deployment", "engines", "gpus", "usd_per_hour", "p99_ttft_ms", "p99_itl_ms",
+          "max_rate_rps")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    plan = subparsers.add_parser(
+        "plan", help="cheapest deployments (GPUs, TP, replicas, P/D, router) holding an SLO",
+        description=__doc__.splitlines()[0])
+    add_trace_args(plan, positional=False)
+    plan.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
+    slo = plan.add_argument_group("SLO")
+    slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
+    slo.add_argument("--slo-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
+    space = plan.add_argument_group("search space (comma-separated lists)")
+    space.add_argument("--model", default="llama-3-8b",
+                       help="a preset, a shipped Hugging Face id, or a config.json path")
+    space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
+    space.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
+                       help="fp8: every deployment's linear weights in one byte (vLLM's "
+                            "--quantization fp8)")
+    space.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
+                       help="gpu: the operator model fitted on published GPU profiles "
+                            "(default); roofline: the analytic roofline")
+    space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
+                       help="GPU presets or files (default: every shipped GPU)")
+    space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
+                       help="tensor-parallel degrees")
+    space.add_argument("--data-parallel-size", "--dp", dest="dp", default=None,
+                       help="data-parallel degrees, experts sharded over them (vLLM's "
+                            "--enable-expert-parallel); default 1,2,4 for an MoE model, "
+                            "else 1")
+    space.add_argument("--routers", default="least-requests", help=", ".join(ROUTERS))
+    space.add_argument("--pd-ratios", default="1:1,1:3",
+                       help="prefill:decode ratios tried besides co-located ('' for none)")
+    space.add_argument("--policies", default="chunked")
+    space.add_argument("--max-num-seqs", default="256")
+    space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
+                       default="2048", help="per-step token budgets")
+    space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
+    space.add_argument("--gpu-prices", default="",
+                       help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
+    fixed = plan.add_argument_group("fixed")
+    fixed.add_argument("--block-size", type=int, default=16)
+    fixed.add_argument("--max-model-len", type=int, default=None)
+    fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
+    fixed.add_argument("--gpu-memory-utilization", type=float,
+                       default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                       help="fraction of each GPU for weights, activations and KV (vLLM's)")
+    add_prefix_caching_arg(fixed)
+    out = plan.add_argument_group("output and where")
+    out.add_argument("--top", type=int, default=5, help="cheapest deployments listed")
+    out.add_argument("--rate-range", default="1,16",
+                     help="qps scales to search the cheapest per GPU's highest rate in")
+    out.add_argument("--json", type=Path, default=None)
+    out.add_argument("--out", type=Path, default=None, help="tables and the chart")
+    out.add_argument("--exhaustive", action="store_true",
+                     help="run every probe to its end and prune no deployment (the same "
+                          "answers, slower)")
+    out.add_argument("--workers", type=int, default=None)
+    out.add_argument("--ray", metavar="ADDRESS", default=None)
+    plan.set_defaults(func=_run)
+
+
+def _list(text: str, kind: type = str) -> list:
+    try:
+        return [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"cannot read the list {text!r}") from None
+
+
+def _prices(text: str) -> dict[str, float]:
+    prices = {}
+    for item in _list(text):
+        name, _, value = item.partition("=")
+        try:
+            prices[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--gpu-prices: expected NAME=DOLLARS, got {item!r}") from None
+    return prices
+
+
+def _families(args: argparse.Namespace) -> list[Family]:
+    for router in _list(args.routers):
+        if router not in ROUTERS:
+            raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")
+    shapes = [None, *(parse_pd(r) for r in _list(args.pd_ratios))]
+    moe = resolve_model(args.model).is_moe
+    dps = _list(args.dp or ("1,2,4" if moe else "1"), int)
+    if any(dp > 1 for dp in dps) and not moe:
+        raise ValueError(f"--data-parallel-size: {args.model} has no experts to shard; "
+                         "replicas already search data parallelism")
+    return [Family(hw, tp, router, pd, policy, seqs, budget, dp)
+            for hw in _list(args.hardware) for tp in _list(args.tp, int) for dp in dps
+            for router in _list(args.routers) for pd in shapes
+            for policy in _list(args.policies) for seqs in _list(args.max_num_seqs, int)
+            for budget in _list(args.token_budgets, int) if pd is None or dp == 1]
+
+
+def _run(args: argparse.Namespace) -> int:
+    slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
+    low, high = _list(args.rate_range, float) if args.rate_range else (1.0, 16.0)
+    trace = load_trace_from_args(args)
+    context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
+                          args.block_size, args.max_model_len, args.kv_link_gbps,
+                          args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
+                          open_loop=args.open_loop, quantization=args.quantization)
+    families, skipped = fitting_families(context, _families(args))
+    for line in skipped:
+        print(f"skipped {line}")
+    if not families:
+        raise ValueError("no deployment in the search space fits its GPUs")
+    _print_pricing(context, families)
+    runner_type = RayRunner if args.ray is not None else LocalRunner
+    where = (args.ray,) if args.ray is not None else ()
+    with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
+        # One probe per worker in flight, the cheapest wanted started as soon as one ends.
+        search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
+                                 None if args.exhaustive else context.usd_per_hour, args.top,
+                                 args.workers or os.cpu_count() or 1,
+                                 None if args.exhaustive else trace.span_s)
+        met = search.met
+        best = cheapest(met, per="hardware")
+        run.skip(search.skipped)
+        known = [[] if args.exhaustive else [r] for r in best]
+        found = find_capacity(run, [PlanPoint(_family(r), r["scale"]) for r in best], slo,
+                              low, high, stop_early=not args.exhaustive,
+                              known=known) if best else []
+        run.skip(sum(p is r for c, rows in zip(found, known, strict=True) for p in c.probes
+                     for r in rows))
+    probes = search.probes
+    for row, capacity in zip(best, found, strict=True):
+        row["max_qps_scale"] = capacity.qps_scale
+        row["max_rate_rps"] = capacity.rate_rps
+    top = cheapest(met)[:args.top]
+    _mark_unsearched(top, best)
+    _print(trace, slo, best, top, run.counts)
+    for line in (f"not searched: {f.label()} (dearer than {x})" for f, x in search.pruned):
+        print(line)
+    for row in [*best, *top]:
+        row["simulate_args"] = simulate_args(row, context)
+    payload = {"trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+               "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
+               "cheapest_per_hardware": best, "cheapest": top,
+               "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost),
+               "runs": run.counts,
+               "not_searched": [{"deployment": f.label(), "dearer_than": x}
+                                for f, x in search.pruned]}
+    if args.out is not None:
+        _write_out(args.out, probes, best, slo, trace.name)
+    if args.json is not None:
+        write_json_atomic(args.json, payload)
+    return 0
+
+
+def _family(row: dict) -> Family:
+    pd_ratio = None if not row["pd"] else tuple(v // row["scale"] for v in parse_pd(row["pd"]))
+    return Family(row["hardware"], row["tp"], row["router"], pd_ratio, row["policy"],
+                  row["max_num_seqs"], row["token_budget"], row.get("dp", 1))
+
+
+def _cost_name(cost: str) -> str:
+    return "gpu-fitted" if cost == "gpu" else "roofline"
+
+
+def _print_pricing(context: PlanContext, families: list) -> None:
+    """Which cost model prices the probes, and (fitted) whether each GPU is in its data."""
+    print(f"priced by {_cost_name(context.cost)}")
+    if context.cost != "gpu":
+        return
+    # Chunked families compute at most their token budget a step (2048 unless set).
+    budget = max(f.token_budget or 2048 if f.policy == "chunked"
+                 else context.max_model_len or DEFAULT_MAX_MODEL_LEN for f in families)
+    for hardware in sorted({f.hardware for f in families}):
+        print(f"  {gpu_coverage(context.model, hardware, budget)}")
+
+
+def _mark_unsearched(top: list[dict], best: list[dict]) -> None:
+    """Rows of `top` whose highest rate was not searched (only each GPU's cheapest is) say
+    which deployment they are dearer than instead of a missing number."""
+    cheapest_of = {row["hardware"]: row for row in best}
+    for row in top:
+        if "max_rate_rps" not in row:
+            other = cheapest_of[row["hardware"]]
+            row["max_rate_rps"] = (
+                f"not searched (dearer than {other['deployment']})"
+                if row["usd_per_hour"] > other["usd_per_hour"] else
+                f"not searched (as dear as {other['deployment']}, whose p99 TTFT is lower)")
+
+
+def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], counts: dict) -> None:
+    print(f"plan for {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} "
+          f"req/s; p99 TTFT <= {slo.ttft_p99_ms:g} ms, p99 ITL <= {slo.itl_p99_ms:g} ms; "
+          f"{counts['started']} simulations started, {counts['stopped']} stopped early "
+          f"(certain to miss the SLO), {counts['skipped']} skipped")
+    if not best:
+        print("no deployment in the search space holds the SLO")
+        return
+    print("\ncheapest per GPU type (max_rate_rps: the highest rate it holds the SLO at):")
+    print(_table(best))
+    print(f"\ncheapest {len(top)} overall:")
+    print(_table(top))
+
+
+def _table(rows: list[dict]) -> str:
+    frame = pd.DataFrame(rows)
+    if "max_rate_rps" in frame:  # a number, or why there is none
+        frame["max_rate_rps"] = [f"{v:.4g}" if isinstance(v, float) else v
+                                 for v in frame["max_rate_rps"]]
+    columns = [c for c in _TABLE if c in frame]
+    return frame[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def _write_out(out_dir: Path, probes: list[dict], best: list[dict], slo: CapacitySlo,
+               title: str) -> None:
+    from servelab.reporting.charts.plan_chart import plan_chart
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame(probes)
+    table.to_csv(out_dir / "plan_probes.csv", index=False)
+    pd.DataFrame(best).to_csv(out_dir / "plan_cheapest.csv", index=False)
+    # A probe stopped early has no p99 to plot (only its requests done by then had one).
+    ran = table[table["stopped_s"].isna()] if "stopped_s" in table else table
+    path = plan_chart(ran, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
+    print(f"wrote plan_probes.csv, plan_cheapest.csv and {path.name} to {out_dir}")

@@ -1,0 +1,129 @@
+"""`servelab simulate` and `servelab compare`: replay a trace through the SimPy simulator."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from servelab.cluster_args import add_cluster_args, cluster_from_args, describe_cluster
+from servelab.sim_args import (
+    add_cost_model_args,
+    add_output_args,
+    add_scheduler_args,
+    deployment_options,
+    deployment_scheduler_config,
+    format_classes,
+    format_summaries,
+    parse_policies,
+    slo_from_args,
+    write_json_atomic,
+)
+from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from sim.deployment import build_deployment
+from sim.policy_runs import PolicyOutcome, simulate_policies
+from workloads import Trace
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sim = subparsers.add_parser("simulate", help="simulate one policy on a trace")
+    add_trace_args(sim, positional=False)
+    sim.add_argument("--policy", default=None,
+                     help="static|continuous|recompute|chunked (default continuous, or the "
+                          "policy of the server a calibration came from)")
+    _add_deployment_args(sim)
+    sim.set_defaults(func=lambda args: _run(args, None))
+
+    cmp = subparsers.add_parser("compare", help="simulate several policies on one trace")
+    add_trace_args(cmp, positional=False)
+    cmp.add_argument("--policies", default="static,continuous,recompute,chunked",
+                     help="comma-separated policies")
+    cmp.add_argument("--workers", type=int, default=None,
+                     help="processes to run policies in (default: one per policy, <= cores)")
+    _add_deployment_args(cmp)
+    cmp.set_defaults(func=lambda args: _run(args, parse_policies(args.policies)))
+
+
+def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
+    add_scheduler_args(parser)
+    add_cluster_args(parser)
+    add_cost_model_args(parser)
+    add_output_args(parser)
+    loop = parser.add_argument_group("closed loop")
+    loop.add_argument("--users", type=int, default=None,
+                      help="closed loop: N users, each sending its next request (or session) "
+                           "as soon as its last one finished, as bench-serve --users does")
+    loop.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
+
+
+def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
+    deployment = build_deployment(deployment_options(args, args.num_blocks))
+    backend, where = deployment.cost_model, deployment.description
+    if policies is None:  # simulate: its --policy, or the calibrated server's
+        server_policy = dict(deployment.server_limits).get("policy")
+        policies = parse_policies(args.policy or server_policy or "continuous")
+    configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
+    if getattr(args, "workers", None) is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.users is not None and args.users < 1:
+        raise ValueError(f"--users must be >= 1, got {args.users}")
+    if args.users is not None and args.open_loop:
+        raise ValueError("--users runs a closed loop; it does not combine with --open-loop")
+    cluster = cluster_from_args(args, deployment)
+    trace = load_trace_from_args(args)
+    slo = slo_from_args(args)
+    outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
+                                  getattr(args, "workers", None), cluster, args.users,
+                                  args.open_loop)
+    results = {p: outcomes[p].summary for p in policies}
+    print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
+          f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
+          f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
+    print(deployment.kv_pool.describe())
+    print(format_summaries(results))
+    classes = format_classes(results)
+    if classes:
+        print(f"\n{classes}")
+    payload = {
+        "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
+        "config": {
+            "deployment": where,
+            "scheduler": {p: c.as_record() for p, c in configs.items()},
+            "slo": None if slo is None else asdict(slo),
+            "cluster": None if cluster is None else asdict(cluster),
+        },
+        "results": results,
+    }
+    if cluster is not None:
+        payload["replicas"] = {p: outcomes[p].replicas.to_dict("records") for p in policies}
+        for policy in policies:
+            print(f"\n{policy}, per engine:")
+            print(format_replicas(outcomes[policy].replicas))
+    if args.out is not None:
+        _write_out(args.out, trace.name, outcomes)
+        write_json_atomic(args.out / "summary.json", payload)
+    if args.json is not None:  # the deployment whole; summary.json keeps its keys
+        write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
+    return 0
+
+
+def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
+    """How requests are sent: as written, or each after the answer it waits for."""
+    if args.users is not None:
+        return f"closed loop: {args.users} users"
+    if trace.has_sessions and not args.open_loop:
+        return "closed loop: each turn after the previous answer"
+    return "open loop"
+
+
+def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome]) -> None:
+    from servelab.reporting.charts.basic import write_run_outputs
+
+    charts, tables = write_run_outputs({p: o.tables for p, o in outcomes.items()}, out_dir,
+                                       trace_name, {p: o.replicas for p, o in outcomes.items()})
+    print(f"wrote {charts} charts and {tables} tables to {out_dir}")
+
+
+def format_replicas(table) -> str:
+    """The per-engine table as text."""
+    return table.to_string(index=False, float_format=lambda v: f"{v:.3g}")

@@ -1,0 +1,1 @@
+"""Charts: matplotlib figures drawn from result tables."""

@@ -1,0 +1,1 @@
+"""Clusters in one SimPy environment: replicas behind a router, P/D pools, data parallel ranks."""

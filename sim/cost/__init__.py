@@ -1,0 +1,1 @@
+"""Step pricing: the fitted GPU model, the roofline, a model calibrated on the executor."""

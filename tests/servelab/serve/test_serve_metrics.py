@@ -1,0 +1,69 @@
+"""/metrics: Prometheus text that parses, in vLLM's names, agreeing with what was served."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.servelab.serve.helpers import HANG_S, health
+
+NAMES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+)
+
+
+def samples(url: str) -> dict[str, float]:
+    """Sample name -> value, summed over labels except finished_reason (name/reason)."""
+    response = httpx.get(f"{url}/metrics", trust_env=False, timeout=HANG_S)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            out.setdefault(sample.name, 0.0)
+            if "le" in sample.labels:
+                continue
+            key = sample.name
+            if "finished_reason" in sample.labels:
+                key += f"/{sample.labels['finished_reason']}"
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def test_metrics_parse_and_count_served_requests(server):
+    before = samples(server.url)
+    for name in NAMES:
+        assert name in before, name
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 5, "ignore_eos": True, "temperature": 0.0}
+    for _ in range(3):
+        response = httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
+                              timeout=HANG_S)
+        assert response.status_code == 200
+    after = samples(server.url)
+
+    def delta(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    assert delta("vllm:prompt_tokens_total") == 12
+    assert delta("vllm:generation_tokens_total") == 15
+    assert delta("vllm:request_success_total/length") == 3
+    assert delta("vllm:time_to_first_token_seconds_count") == 3
+    assert delta("vllm:inter_token_latency_seconds_count") == 12
+    assert delta("vllm:e2e_request_latency_seconds_count") == 3
+    # Each admission queries its 4 tokens; a prompt shorter than a block is never cached.
+    assert delta("vllm:prefix_cache_queries_total") == 12
+    assert delta("vllm:prefix_cache_hits_total") == 0
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+    assert health(server.url)["kv_blocks_used"] == 0
+
+
+def test_models_lists_the_served_model(server):
+    data = httpx.get(f"{server.url}/v1/models", trust_env=False, timeout=HANG_S).json()
+    assert data["object"] == "list"
+    (card,) = data["data"]
+    assert card["id"] == "tiny" and card["object"] == "model"
+    assert card["max_model_len"] == 256 and card["vocab_size"] == 320

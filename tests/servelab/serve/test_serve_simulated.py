@@ -1,0 +1,207 @@
+"""The simulated backend: wall-clock pacing on a fake clock, sampled rows, a simulated server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from servelab.bench.client import BenchConfig, bench_requests, run_bench
+from servelab.serve.engine_thread import EngineThreadConfig
+from servelab.serve.server import ServerThread, assemble
+from servelab.serve.simulated import SimulatedBackend, filler_token_id, sampled_token_ids
+from servelab.serve.state import ApiConfig
+from servelab.serve.tokenizer import ByteTokenizer
+from sim.cost.fixed_backend import ConstantBackend
+from sim.cost.roofline import AnalyticCostModel
+from sim.engine.core import FinishReason, Request
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from tests.servelab.serve.helpers import HANG_S
+from workloads import open_trace
+
+TOKEN = 123  # any id: the backend samples whatever it is given
+STEP_S, PER_TOKEN_S = 0.010, 0.001
+
+
+class FakeClock:
+    """perf_counter and sleep for the backend: sleeping advances the clock, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now_s += seconds
+
+
+class SlowPricing(ConstantBackend):
+    """A constant-time cost model that itself takes `spent_s` of the fake clock to price."""
+
+    def __init__(self, fake: FakeClock, spent_s: float) -> None:
+        super().__init__(STEP_S, PER_TOKEN_S)
+        object.__setattr__(self, "fake", fake)
+        object.__setattr__(self, "spent_s", spent_s)
+
+    def execute(self, plan):
+        self.fake.now_s += self.spent_s
+        return super().execute(plan)
+
+
+def engine_on(fake: FakeClock, spent_s: float = 0.0, **config) -> Engine:
+    scheduler = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256,
+                                          **config))
+    backend = SimulatedBackend(SlowPricing(fake, spent_s), TOKEN, fake.sleep, fake.clock)
+    return Engine(scheduler, backend)
+
+
+def step(engine: Engine, fake: FakeClock):
+    plan = engine.schedule(fake.now_s)
+    result = engine.execute(plan)
+    engine.finish_step(plan, result, fake.now_s - result.duration_s)
+    return plan, result
+
+
+def test_simulated_step_sleeps_the_predicted_duration():
+    fake = FakeClock()
+    engine = engine_on(fake)
+    engine.add(Request("a", 0.0, 4, 3))
+    _, result = step(engine, fake)
+    assert fake.slept == [pytest.approx(STEP_S + 4 * PER_TOKEN_S)]
+    assert result.duration_s == pytest.approx(STEP_S + 4 * PER_TOKEN_S)
+
+
+def test_simulated_step_sleeps_only_the_time_left_after_pricing():
+    fake = FakeClock()
+    engine = engine_on(fake, spent_s=0.004)
+    engine.add(Request("a", 0.0, 4, 3))
+    _, result = step(engine, fake)
+    assert fake.slept == [pytest.approx(STEP_S + 4 * PER_TOKEN_S - 0.004)]
+    assert result.duration_s == pytest.approx(STEP_S + 4 * PER_TOKEN_S)
+
+
+def test_simulated_step_never_sleeps_when_already_late():
+    fake = FakeClock()
+    engine = engine_on(fake, spent_s=1.0)
+    engine.add(Request("a", 0.0, 4, 3))
+    _, result = step(engine, fake)
+    assert fake.slept == []
+    assert result.duration_s == pytest.approx(1.0)
+
+
+def test_continuing_step_is_timed_from_when_the_previous_one_was_due():
+    """The engine's bookkeeping between two steps of running work comes out of the sleep."""
+    fake = FakeClock()
+    engine = engine_on(fake)
+    engine.add(Request("a", 0.0, 4, 3))
+    step(engine, fake)
+    fake.now_s += 0.003  # the engine thread's own work between the steps
+    step(engine, fake)  # a decode of the same request: no idle time came between
+    assert fake.slept[1] == pytest.approx(STEP_S + PER_TOKEN_S - 0.003)
+
+
+def test_continuing_step_credit_is_capped_at_its_own_duration():
+    fake = FakeClock()
+    engine = engine_on(fake)
+    engine.add(Request("a", 0.0, 4, 3))
+    step(engine, fake)
+    fake.now_s += 1.0  # far behind: this step cannot repay it, nor can the next
+    step(engine, fake)
+    fake.now_s += 0.002
+    step(engine, fake)
+    assert fake.slept[1:] == [pytest.approx(STEP_S + PER_TOKEN_S - 0.002)]
+
+
+def test_first_step_after_idle_sleeps_its_whole_duration():
+    fake = FakeClock()
+    engine = engine_on(fake)
+    engine.add(Request("a", 0.0, 4, 1))
+    step(engine, fake)
+    assert not engine.scheduler.has_unfinished
+    fake.now_s += 5.0  # idle until the next arrival
+    engine.add(Request("b", 0.0, 8, 1))
+    step(engine, fake)
+    assert fake.slept[1] == pytest.approx(STEP_S + 8 * PER_TOKEN_S)
+
+
+def test_tokens_for_exactly_the_rows_that_complete_their_sequence():
+    """Chunked prefill: a chunk short of the prompt's end samples nothing."""
+    fake = FakeClock()
+    engine = engine_on(fake, policy="chunked", token_budget=16, max_num_seqs=8)
+    engine.add(Request("short", 0.0, 4, 3))
+    engine.add(Request("long", 0.0, 30, 2))
+    sampled_by_step = []
+    while engine.scheduler.has_unfinished:
+        plan, result = step(engine, fake)
+        assert len(result.sampled_token_ids) == plan.num_sampled
+        sampled_by_step.append(sorted(result.sampled_token_ids))
+    # 4 + 12 of 30; 1 + 15 (27 of 30); 1 + the last 3; then long's second token.
+    assert sampled_by_step == [["short"], ["short"], ["long", "short"], ["long"]]
+
+
+def test_engine_on_simulated_backend_runs_every_request_to_max_tokens():
+    fake = FakeClock()
+    engine = engine_on(fake, policy="chunked", token_budget=32, max_num_seqs=8)
+    requests = [Request(str(i), 0.0, 5 + 7 * i, 2 + i) for i in range(6)]
+    for request in requests:
+        engine.add(request)
+    while engine.scheduler.has_unfinished:
+        step(engine, fake)
+    for request in requests:
+        assert request.finish_reason is FinishReason.LENGTH
+        assert request.output_token_ids == [TOKEN] * request.max_new_tokens
+
+
+def test_padding_rows_sample_nothing():
+    fake = FakeClock()
+    engine = engine_on(fake, policy="static")
+    engine.add(Request("a", 0.0, 4, 1))
+    engine.add(Request("b", 0.0, 4, 3))
+    step(engine, fake)  # both prefill; a is done and becomes padding
+    plan = engine.schedule(fake.now_s)
+    assert [r.request_id for r in plan.padding] == ["a"]
+    assert sampled_token_ids(plan, TOKEN) == {"b": TOKEN}
+
+
+def test_filler_token_is_a_printable_x_of_the_byte_tokenizer():
+    tokenizer = ByteTokenizer()
+    token = filler_token_id(tokenizer)
+    assert tokenizer.decode([token] * 3) == "xxx"
+    assert token != tokenizer.eos_token_id
+
+
+def simulated_server(num_blocks: int = 2048, max_model_len: int = 1024) -> ServerThread:
+    """A server on a simulated Llama-3-8B on an H200, paced on the real clock."""
+    tokenizer = ByteTokenizer()
+    config = SchedulerConfig(policy="continuous", num_blocks=num_blocks, block_size=16,
+                             max_model_len=max_model_len)
+    backend = SimulatedBackend(AnalyticCostModel.preset("llama-3-8b", "h200"),
+                               filler_token_id(tokenizer))
+    api = ApiConfig("llama-3-8b", max_model_len)
+    state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size, api,
+                     EngineThreadConfig())
+    return ServerThread(state)
+
+
+def test_simulated_server_completes_a_replayed_trace():
+    trace = open_trace("synthetic:n=20,rate=40,prompt=uniform(16,200),output=uniform(2,24)")
+    with simulated_server() as server:
+        requests = bench_requests(trace, ByteTokenizer().vocab_size)
+        result = asyncio.run(run_bench(requests, BenchConfig(server.url, timeout_s=60)))
+        models = httpx.get(f"{server.url}/v1/models", trust_env=False, timeout=HANG_S).json()
+        body = {"model": "llama-3-8b", "prompt": "hi", "max_tokens": 4}
+        plain = httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
+                           timeout=HANG_S).json()
+        metrics = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=HANG_S)
+    assert result.errors == []
+    for record, sent in zip(result.requests, requests, strict=True):
+        assert record.finish_reason is FinishReason.LENGTH
+        assert len(record.token_times_s) == sent.max_tokens
+    assert [card["id"] for card in models["data"]] == ["llama-3-8b"]
+    assert plain["choices"][0]["text"] == "xxxx"
+    assert metrics.status_code == 200 and "vllm:request_success_total" in metrics.text

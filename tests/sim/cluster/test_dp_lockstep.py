@@ -1,0 +1,54 @@
+"""Data-parallel ranks joined by expert parallelism step together."""
+
+from __future__ import annotations
+
+from sim.cluster.dp_lockstep import group_step_s, run_lockstep
+from sim.cost.engine_overhead import load_engine
+from sim.cost.gpu_cost import GpuCostModel
+from sim.cost.gpu_shapes import known_gpu, known_shapes
+from sim.engine.core import BatchPlan, Request
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+
+
+def _moe(ep: int = 2) -> GpuCostModel:
+    return GpuCostModel(known_shapes("qwen3-30b-a3b"), known_gpu("rtx-pro-6000"),
+                        load_engine("vllm"), expert_parallel=ep)
+
+
+def test_a_lockstep_step_lasts_as_long_as_the_slowest_rank():
+    model = _moe()
+    busy = BatchPlan(prefill_tokens=1024, prefill_seqs=1, prefill_attn_causal=1024 * 1025 // 2,
+                     num_sampled=1)
+    light = BatchPlan(decode_seqs=4, decode_context=400, num_sampled=4)
+    step = group_step_s(model, [busy, light])
+    assert step == group_step_s(model, [light, busy])
+    # More work on either rank never shortens the shared step.
+    assert step >= group_step_s(model, [busy, None]) >= group_step_s(model, [light, None])
+    assert step > group_step_s(model, [light, light])
+    # An idle rank runs a dummy batch: it adds less than a second busy rank would.
+    assert 0 < group_step_s(model, [light, None]) <= group_step_s(model, [light, light])
+
+
+def test_experts_cost_more_when_the_other_rank_sends_more_tokens():
+    model = _moe()
+    assert model.mlp_s(8, group_tokens=2048) > model.mlp_s(8, group_tokens=16)
+
+
+def test_lockstep_ranks_start_every_step_together_and_finish_every_request():
+    model = _moe()
+    config = SchedulerConfig(policy="chunked", num_blocks=4096, max_num_seqs=8)
+    engines = [Engine(Scheduler(config), model) for _ in range(2)]
+    requests = [Request(f"r{i}", 0.01 * i, 64 + 16 * i, 8) for i in range(12)]
+    result = run_lockstep(requests, engines, model)
+    assert all(r.is_finished for r in result.requests)
+    steps = {}  # start -> durations of the ranks that ran a step then
+    for engine in engines:
+        for record in engine.steps:
+            steps.setdefault(record.start_s, set()).add(record.duration_s)
+    assert all(len(durations) == 1 for durations in steps.values())  # one shared step
+    timeline = sorted((start, durations.pop()) for start, durations in steps.items())
+    assert all(b[0] >= a[0] + a[1] - 1e-12 for a, b in zip(timeline, timeline[1:],
+                                                            strict=False))
+    assert any(len({s.start_s for s in e.steps} & {s.start_s for s in o.steps}) > 0
+               for e, o in [engines])

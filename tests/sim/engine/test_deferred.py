@@ -1,0 +1,141 @@
+"""Deferred decode rows (sim.engine.deferred) change how fast the simulator decides, not what.
+
+Each case replays one workload twice, once with the decode rows deferred and once with every
+row listed (defer_decodes=False), and requires identical token times, finishes, preemptions,
+cache hits and per-step records.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.cluster.router import RouterConfig
+from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cost.fixed_backend import ConstantBackend
+from sim.cost.roofline import AnalyticCostModel
+from sim.engine.core import BatchPlan, Request, StepResult
+from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
+from workloads.trace import PREFIX_BLOCK_TOKENS
+
+
+class RowReading:
+    """The same backend, declared to read every row (so nothing is deferred)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        return self.inner.execute(plan)
+
+    def free(self, request: Request) -> None:
+        self.inner.free(request)
+
+
+class Totals(ConstantBackend):
+    """A constant-time backend that also keeps every plan's totals, as cost models read them."""
+
+    def __init__(self) -> None:
+        super().__init__(step_s=0.01, per_token_s=2e-5)
+        object.__setattr__(self, "seen", [])
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        self.seen.append((plan.batch_size, plan.num_sampled, plan.decode_seqs,
+                          plan.decode_context, plan.decode_context_max, plan.prefill_tokens,
+                          plan.prefill_attn, plan.prefill_seqs))
+        return super().execute(plan)
+
+
+def workload(n: int, rate: float, seed: int, prefixes: int = 0) -> list[Request]:
+    """Prompts of 20-1500 tokens, outputs of 1-120, priorities 0-2, optional shared stems."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    out = []
+    for i, t in enumerate(arrivals):
+        prompt = int(rng.integers(20, 1500))
+        hashes = None
+        if prefixes:
+            stems = (int(rng.integers(prefixes)),) * int(prompt >= PREFIX_BLOCK_TOKENS)
+            hashes = stems + tuple(1000 + i * 8 + j for j in range(
+                -(-prompt // PREFIX_BLOCK_TOKENS) - len(stems)))
+        out.append(Request(f"r{i}", float(t), prompt, int(rng.integers(1, 120)),
+                           prefix_hash_ids=hashes, priority=int(rng.integers(3))))
+    return out
+
+
+def outcome(requests: list[Request], engines: list[Engine]) -> tuple:
+    return ([(r.token_times_s, r.finish_s, r.finish_reason, r.num_preemptions,
+              r.num_cached_tokens, r.first_scheduled_s) for r in requests],
+            [e.steps for e in engines],
+            [(e.scheduler.num_preemptions, e.scheduler.prefix_cache_hits) for e in engines])
+
+
+def replay(backend, config: SchedulerConfig, requests: list[Request],
+           cluster: ClusterConfig | None, defer: bool) -> tuple:
+    engines = [Engine(Scheduler(config), backend)
+               for _ in range(cluster.num_engines if cluster else 1)]
+    if cluster:
+        run_cluster(requests, engines, cluster, defer_decodes=defer)
+    else:
+        run_trace(requests, engines[0], defer_decodes=defer)
+    assert all(e.scheduler.deferring == defer for e in engines)
+    return outcome(requests, engines)
+
+
+CASES = {
+    "chunked": dict(policy="chunked"),
+    "continuous": dict(policy="continuous"),
+    "chunked, small pool": dict(policy="chunked", num_blocks=160),
+    "recompute, small pool": dict(policy="recompute", num_blocks=160),
+    "continuous, small pool": dict(policy="continuous", num_blocks=160),
+    "chunked, small budget": dict(policy="chunked", token_budget=64, max_num_seqs=8,
+                                  num_blocks=300),
+    "chunked, caching, small pool": dict(policy="chunked", num_blocks=200,
+                                         enable_prefix_caching=True),
+    "priority, small pool": dict(policy="chunked", num_blocks=160, queue="priority"),
+    "sjf": dict(policy="continuous", num_blocks=400, queue="sjf"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_engine_decides_the_same_with_rows_deferred(name, seed):
+    config = SchedulerConfig(**{"num_blocks": 2000, **CASES[name]})
+    caching = config.enable_prefix_caching
+    seen_deferred, seen_listed = Totals(), Totals()
+    deferred = replay(seen_deferred, config, workload(150, 40, seed, 3 * caching), None, True)
+    listed = replay(seen_listed, config, workload(150, 40, seed, 3 * caching), None, False)
+    assert deferred == listed
+    assert seen_deferred.seen == seen_listed.seen  # every plan total a cost model reads
+    preempted = sum(s.num_preempted for s in deferred[1][0])
+    assert preempted > 0 or "small pool" not in name or config.reserves_full
+
+
+@pytest.mark.parametrize("router", ["least-requests", "least-kv", "prefix-aware"])
+def test_a_cluster_decides_the_same_with_rows_deferred(router):
+    backend = AnalyticCostModel.preset("llama-3-8b", "a100-80gb")
+    config = SchedulerConfig(policy="chunked", num_blocks=300, enable_prefix_caching=True)
+    cluster = ClusterConfig(num_replicas=3, router=RouterConfig(router))
+    deferred = replay(backend, config, workload(300, 60, 7, prefixes=4), cluster, True)
+    listed = replay(backend, config, workload(300, 60, 7, prefixes=4), cluster, False)
+    assert deferred == listed
+
+
+def test_disaggregated_cluster_decides_the_same_with_rows_deferred():
+    backend = AnalyticCostModel.preset("llama-3-8b", "h100")
+    config = SchedulerConfig(policy="chunked", num_blocks=120)  # decode engines preempt
+    cluster = ClusterConfig(router=RouterConfig("least-requests"), num_prefill=1,
+                            num_decode=3, kv_link_gbps=10.0, kv_bytes_per_token=131072)
+    deferred = replay(backend, config, workload(200, 30, 3), cluster, True)
+    listed = replay(backend, config, workload(200, 30, 3), cluster, False)
+    assert deferred == listed
+
+
+def test_deferral_is_off_where_rows_are_read_and_for_per_row_policies():
+    assert not Engine(Scheduler(SchedulerConfig()), RowReading(ConstantBackend())).defer_decodes()
+    for config in (SchedulerConfig(policy="static"), SchedulerConfig(queue="fair"),
+                   SchedulerConfig(preemption="swap", swap_space_blocks=10)):
+        assert not Engine(Scheduler(config), ConstantBackend()).defer_decodes()
+    assert Engine(Scheduler(SchedulerConfig()), ConstantBackend()).defer_decodes()

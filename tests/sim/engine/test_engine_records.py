@@ -1,0 +1,44 @@
+"""Where steps are recorded: only in sim/engine/step.py, each from local variables named as
+StepRecord's fields, in their order, so a reordered or renamed field cannot slip through a
+positional tuple unnoticed (sim.engine.step_log stores the fields, and makes a StepRecord only from
+what it stored)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from sim.engine.step import StepRecord
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("sim", "serve", "executor", "calibration", "sweeps", "reporting", "servelab")
+
+
+def _record_calls(tree: ast.AST) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name) and node.func.id == "StepRecord"]
+
+
+def _packs(tree: ast.AST) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name) and node.func.id == "pack"]
+
+
+def test_every_step_record_is_built_from_locals_named_as_its_fields():
+    calls = _packs(ast.parse((ROOT / "sim" / "engine.py").read_text()))
+    assert len(calls) == 3  # Engine.finish_step, quiet_steps and _quiet_steps_together
+    for call in calls:
+        names = tuple(element.id if isinstance(element, ast.Name) else ast.unparse(element)
+                      for element in call.args)
+        assert names == StepRecord._fields, f"line {call.lineno}"
+
+
+def test_no_other_module_builds_a_step_record():
+    builders = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == ROOT / "sim" / "engine.py":
+                continue
+            if _record_calls(ast.parse(path.read_text())):
+                builders.append(str(path.relative_to(ROOT)))
+    assert builders == []
