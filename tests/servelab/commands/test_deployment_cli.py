@@ -13,7 +13,7 @@ from sim.deployment import DeploymentOptions, build_deployment
 from sim.specs.model_config import MODELS_DIR, shipped_model_ids
 
 TINY = "synthetic:n=20,rate=5,prompt=fixed(200),output=fixed(16)"
-RUNS = Path(__file__).parents[2] / "workloads" / "data" / "vllm-runs"
+RUNS = Path(__file__).parents[3] / "workloads" / "data" / "vllm-runs"
 
 
 def _fitting(model: str) -> list[str]:

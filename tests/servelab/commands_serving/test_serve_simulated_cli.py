@@ -14,7 +14,7 @@ import pytest
 
 from servelab.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def get(url: str, body: dict | None = None) -> bytes:

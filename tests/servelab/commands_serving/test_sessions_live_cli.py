@@ -15,7 +15,7 @@ import pytest
 
 from servelab.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Conversations only (no shared system prompt): a turn's hits are its own history, whatever
 # the order the server happens to see the sessions in; a pool that never evicts.
 CHAT = ("synthetic:users=6,rate=20,turns=fixed(3),think=fixed(0.02),question=fixed(70),"

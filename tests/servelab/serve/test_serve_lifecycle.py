@@ -24,7 +24,7 @@ import pytest
 
 from tests.servelab.serve.helpers import HANG_S, async_client
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # The real executor, its steps as fast as the CPU.
 TINY = ("--model", "tiny", "--threads", "1", "--num-blocks", "1024")
 # llama-3-8b on an h100: a decode step takes a set ~7 ms. A KV pool that holds many long

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sim.engine.step import StepRecord
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("sim", "serve", "executor", "calibration", "sweeps", "reporting", "servelab")
 
 
