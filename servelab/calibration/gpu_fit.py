@@ -1,4 +1,4 @@
-"""Fit the GPU cost model on published OPERATOR profiles; writes sim/data/gpu_cost_fit.json.
+"""Fit the GPU cost model on published OPERATOR profiles; writes sim/cost/data/gpu_cost_fit.json.
 
 Fitted on: Vidur's per-operator times (A100, H100: GEMMs, small ops), Vidur's A100 attention
 and NCCL all-reduce tables, LLMServingSim's per-layer vLLM profiles (RTX 4090, RTX PRO 6000:

@@ -13,14 +13,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hardware = subparsers.add_parser(
         "hardware", help="list the GPU presets (or show a GPU file) with their sources",
         description="The GPUs --hardware names: peak dense FLOP/s, memory, links, price. "
-        "Any other GPU is a JSON file in the same form (sim/gpus/*.json).")
+        "Any other GPU is a JSON file in the same form (sim/specs/gpus/*.json).")
     hardware.add_argument("name", nargs="?", default=None,
                           help="show one GPU (a preset or a file) with the source of each number")
     hardware.set_defaults(func=_hardware)
     models = subparsers.add_parser(
         "models", help="list the model presets and the Hugging Face ids servelab ships",
         description="The models --model names: presets, Hugging Face ids whose config.json "
-        "servelab ships (sim/models/), or any config.json path.")
+        "servelab ships (sim/specs/models/), or any config.json path.")
     models.add_argument("name", nargs="?", default=None,
                         help="show one model (a preset, an id or a config.json path)")
     models.set_defaults(func=_models)

@@ -3,7 +3,7 @@
 A step runs every layer's operators (sim.cost.gpu_layer: projections, MLP or MoE experts, norms,
 RoPE, all-reduces) over its tokens, attention by prefill chunk and context and by decode KV
 (each the larger of FLOPs over peak x eff_compute and bytes over bandwidth x eff_memory,
-fitted on operator profiles, sim/data/gpu_cost_fit.json), the embedding, LM head and sampler
+fitted on operator profiles, sim/cost/data/gpu_cost_fit.json), the embedding, LM head and sampler
 over its rows, and the engine's per-step CPU time as its own term (sim.cost.engine_overhead),
 beside the GPU's or after it. Per-token-count parts are cached, so `predict` is a few lookups
 a step.

@@ -138,5 +138,5 @@ def known_shapes(name: str) -> LayerShapes:
 
 
 def known_gpu(name: str) -> GpuPeaks:
-    """A GPU's datasheet peaks from its hardware file (sim/gpus/), by preset name."""
+    """A GPU's datasheet peaks from its hardware file (sim/specs/gpus/), by preset name."""
     return GpuPeaks.from_hardware_spec(hardware_spec(name))

@@ -1,4 +1,5 @@
-"""The fitted terms of the GPU cost model, one GPU's worth, read from sim/data/gpu_cost_fit.json.
+"""The fitted terms of the GPU cost model, one GPU's worth, read from
+sim/cost/data/gpu_cost_fit.json.
 
 Every operator's time is max(FLOPs / (peak x eff_compute), bytes / (bandwidth x eff_memory))
 with efficiencies set by data (servelab/calibration/gpu_fit.py); these functions are the physics

@@ -1,4 +1,4 @@
-"""GPUs as data: one JSON file per GPU in sim/gpus/ (or any path), read into a HardwareSpec.
+"""GPUs as data: one JSON file per GPU in sim/specs/gpus/ (or any path), read into a HardwareSpec.
 
 A file gives peak dense FLOP/s per dtype, memory size and bandwidth, the GPU-to-GPU and host
 links, a price per hour, and a source for each number. Figures are datasheet peaks; the cost

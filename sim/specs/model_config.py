@@ -1,7 +1,7 @@
 """Models from Hugging Face config.json files: the ones servelab ships, or any path.
 
 `resolve_model(text)` takes a preset name (sim.specs.model_specs), a Hugging Face id whose config
-ships in sim/models/, or a path to a config.json (or a folder holding one). Nothing is
+ships in sim/specs/models/, or a path to a config.json (or a folder holding one). Nothing is
 fetched over the network. A config with a mechanism the cost model cannot price raises
 UnsupportedModelError naming the field, never a silently wrong shape.
 """

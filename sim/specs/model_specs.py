@@ -1,7 +1,7 @@
 """Transformer shapes as plain data, shared by the cost models (sim) and the executor.
 
 Presets here are the small shapes tests and the executor use; real models are Hugging Face
-configs (sim.specs.model_config reads them, sim/models/ ships the common ones).
+configs (sim.specs.model_config reads them, sim/specs/models/ ships the common ones).
 """
 
 from __future__ import annotations
