@@ -14,6 +14,7 @@ from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig, run_cluster
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
+from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request, StepResult
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
@@ -150,3 +151,24 @@ def test_fast_forward_must_start_before_the_first_request():
     engine.add(Request("r0", 0.0, 10, 5))
     with pytest.raises(RuntimeError, match="before the first request"):
         engine.start_fast_forward()
+
+
+def test_add_blocks_gives_the_blocks_one_block_allocations_would_and_nothing_when_short():
+    def pool() -> BlockManager:
+        bm = BlockManager(num_blocks=10, block_size=4)
+        for rid, tokens in (("a", 8), ("x", 12), ("b", 4)):
+            bm.allocate(rid, tokens)
+        bm.free("x")  # three empty blocks, reused top of the stack first, then fresh ones
+        return bm
+
+    bulk, single = pool(), pool()
+    assert bulk.add_blocks(["a", "b", "a", "b"])
+    for rid, tokens in (("a", 12), ("b", 8), ("a", 16), ("b", 12)):
+        single.allocate(rid, tokens)
+    for rid in ("a", "b"):
+        assert bulk.block_table(rid) == single.block_table(rid)
+    bulk.check()
+    before = {rid: list(bulk.block_table(rid)) for rid in ("a", "b")}
+    assert not bulk.add_blocks(["a"] * (bulk.num_free_blocks + 1))
+    assert {rid: bulk.block_table(rid) for rid in ("a", "b")} == before
+    bulk.check()
