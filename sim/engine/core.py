@@ -145,7 +145,7 @@ class BatchPlan:
     decode_context_max: int = 0  # longest decode KV length
     # Decodes counted in the totals above but not listed in requests (sim.engine.fast_forward: only
     # for a backend that prices a plan from its totals).
-    deferred_decodes: int = 0
+    unlisted_decodes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -155,12 +155,12 @@ class BatchPlan:
     @property
     def batch_size(self) -> int:
         """Rows in the forward, padding rows included."""
-        return len(self.requests) + self.deferred_decodes + len(self.padding)
+        return len(self.requests) + self.unlisted_decodes + len(self.padding)
 
     @property
     def is_empty(self) -> bool:
         """Nothing to compute and no KV to copy."""
-        return (not self.requests and not self.deferred_decodes and not self.padding
+        return (not self.requests and not self.unlisted_decodes and not self.padding
                 and not self.swap_out)
 
 

@@ -127,7 +127,7 @@ class DecodeFastForward:
             plan.decode_seqs -= 1
             plan.num_sampled -= 1
             plan.decode_context -= length
-            plan.deferred_decodes -= 1
+            plan.unlisted_decodes -= 1
 
     def _drop(self, row: _Row, upto: int) -> None:
         """Catch row up with steps [start, upto) and stop fast-forwarding it."""
@@ -157,7 +157,7 @@ class DecodeFastForward:
             plan.num_sampled += n
             plan.decode_context += context
             plan.decode_context_max = max(plan.decode_context_max, context_max)
-            plan.deferred_decodes = n
+            plan.unlisted_decodes = n
         budget -= n
         if self.others:
             others = list(self.others.values())

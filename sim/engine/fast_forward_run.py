@@ -55,7 +55,7 @@ class FastForwardRun:
         if price is not None:
             durations = price(n, context, num_steps)
         else:
-            plan = BatchPlan(decode_seqs=n, num_sampled=n, deferred_decodes=n)
+            plan = BatchPlan(decode_seqs=n, num_sampled=n, unlisted_decodes=n)
             durations, end = [], start_s
             for j in range(num_steps):  # the plan each step would be given
                 plan.decode_context = context + n * j

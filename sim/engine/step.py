@@ -55,7 +55,7 @@ class Engine:
         """The next step's plan, scheduled at `now`; None when there is nothing to run."""
         plan = self.scheduler.schedule(now)
         # plan.is_empty, inlined (once per step); a step that only swaps KV out still runs.
-        if (not plan.requests and not plan.deferred_decodes and not plan.padding
+        if (not plan.requests and not plan.unlisted_decodes and not plan.padding
                 and not plan.swap_out):
             return None
         return plan
@@ -95,7 +95,7 @@ class Engine:
         # The record (the plan's properties inlined: once per step).
         padding_rows, prefill_tokens, decode_seqs = (
             len(plan.padding), plan.prefill_tokens, plan.decode_seqs)
-        batch_size = len(plan.requests) + plan.deferred_decodes + padding_rows
+        batch_size = len(plan.requests) + plan.unlisted_decodes + padding_rows
         num_tokens = prefill_tokens + decode_seqs
         kv_blocks_used = scheduler.block_manager.num_used_blocks
         num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
