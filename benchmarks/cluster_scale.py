@@ -5,11 +5,12 @@ The target: a 1,000,000-request synthetic trace over 32 replicas behind a router
 best existing simulator on the same machine class). The trace has azure-conv's lengths
 (resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
 deployment is Llama-3-8B on one H100 per replica, chunked prefill, priced by the fitted GPU
-model (`--cost roofline`: the analytic roofline, to compare the two's cost). Prints the wall time of
-the replay alone and its cost per request, per engine step and per token. `--listed` lists
-every decode row in every plan instead of deferring them (sim.engine.deferred), and so runs no
-quiet steps in bulk either (sim.replay.coast): the same results, the cost both save. `--pd P:D`
-replays P prefill and D decode engines instead of the replicas (the rate follows P + D).
+model (`--cost roofline`: the analytic roofline, to compare the two's cost). Prints the wall
+time of the replay alone and its cost per request, per engine step and per token. `--listed`
+lists every decode row in every plan instead of fast-forwarding them (sim.engine.fast_forward),
+and so prices no run of decode-only steps in bulk either (sim.engine.fast_forward_run): the
+same results, the cost both save. `--pd P:D` replays P prefill and D decode engines instead
+of the replicas (the rate follows P + D).
 
     python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32] [--listed]
         [--pd P:D]
@@ -62,16 +63,18 @@ def main() -> None:
     backend = (roofline if args.cost == "roofline"
                else gpu_cost_backend(roofline.model, roofline.hardware))
     config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
-    replicas = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
+    replicas = [Engine(Scheduler(config), backend, allow_fast_forward=not args.listed)
+                for _ in range(cluster.num_engines)]
     start = time.perf_counter()
-    result = run_cluster(requests, replicas, cluster, defer_decodes=not args.listed)
+    result = run_cluster(requests, replicas, cluster)
     replay_s = time.perf_counter() - start
     summary = summarize(result.run_result())
     steps = summary["num_steps"]
     tokens = summary["total_output"]
     layout = f"P/D {args.pd}" if args.pd else f"{args.replicas} replicas"
+    rows = "listed" if args.listed else "fast-forwarded"
     print(f"{cpu_model()}; {args.requests} requests, {layout}, router "
-          f"{args.router}, {rate:g} req/s, decode rows {'listed' if args.listed else 'deferred'}")
+          f"{args.router}, {rate:g} req/s, decode rows {rows}")
     print(f"trace built in {built_s:.1f} s; replay {replay_s:.1f} s wall "
           f"(target 60 s; reference {REFERENCE_S:.0f} s for 8,819 requests on one replica)")
     print(f"  {replay_s / args.requests * 1e6:.1f} us per request, {replay_s / steps * 1e6:.1f} us "

@@ -9,7 +9,7 @@ and a measured one send the same traffic. A released request's arrival_s becomes
 release time: its TTFT counts from when it was sent, as the client measures it.
 
 The engines' steps feed the loop through the run's on_step (every step's finished requests,
-quiet runs' included, at their finish_s); each release is a SimPy process that adds its
+fast-forward runs' included, at their finish_s); each release is a SimPy process that adds its
 request at its time, as the open-loop arrival process would have. Until it is released a
 request has no arrival time (math.inf), so an SLO watch (sim.replay.verdict) never judges the wait
 of a turn still waiting for its previous answer; a run stopped early puts the written times
@@ -128,10 +128,9 @@ def replay(trace: Trace, requests: Sequence[Request], engine: Engine,
 
 
 def run_closed_trace(requests: Sequence[Request], engine: Engine, loop: ClosedLoop,
-                     on_step: OnStep | None = None, defer_decodes: bool = True) -> RunResult:
+                     on_step: OnStep | None = None) -> RunResult:
     """sim.replay.simulation.run_trace with the loop's arrivals instead of the trace's times."""
-    if defer_decodes:
-        engine.defer_decodes()
+    engine.start_fast_forward()
     env = ReplayEnvironment()
     replay = _ClosedReplay(env, requests, engine, on_step, loop)
     try:
@@ -150,13 +149,13 @@ def run_closed_trace(requests: Sequence[Request], engine: Engine, loop: ClosedLo
 
 
 def run_closed_cluster(requests: Sequence[Request], engines: Sequence[Engine],
-                       config: ClusterConfig, loop: ClosedLoop, on_step: OnStep | None = None,
-                       defer_decodes: bool = True) -> ClusterResult:
+                       config: ClusterConfig, loop: ClosedLoop, on_step: OnStep | None = None
+                       ) -> ClusterResult:
     """sim.cluster.run.run_cluster with the loop's arrivals instead of the trace's times."""
     if len(engines) != config.num_engines:
         raise ValueError(f"cluster of {config.num_engines} engines given {len(engines)}")
-    for engine in engines if defer_decodes else ():
-        engine.defer_decodes()
+    for engine in engines:
+        engine.start_fast_forward()
     env = ReplayEnvironment()
     cluster = _ClosedCluster(env, list(engines), config, on_step, loop)
     try:
@@ -172,7 +171,7 @@ def _feeding(loop: ClosedLoop, release: Callable[[float, Request], None],
     """An on_step that hands every finished request to the loop, then calls on_step."""
     def fed(now: float, finished: list[Request]) -> None:
         for request in finished:
-            # finish_s: when its last token came (deferred rows finish at their own step).
+            # finish_s: when its last token came (fast-forwarded rows finish at their own step).
             _answered(loop, release, request, request.finish_s if request.finish_s is not None
                       else now)
         if on_step is not None:

@@ -20,9 +20,9 @@ import simpy
 from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cluster.router import ReplicaLoad, Router
 from sim.engine.core import Request, request_overhead_s
+from sim.engine.fast_forward_run import FastForwardRun
 from sim.engine.step import Engine
 from sim.engine.step_log import StepLog
-from sim.replay.coast import QuietRun
 from sim.replay.simulation import ReplayEnvironment, RunResult, StalledError, collector_paused
 
 # The config lives beside the replay (sim.cluster.config), imported from here.
@@ -52,14 +52,13 @@ class ClusterResult:
 
 
 def run_cluster(requests: Sequence[Request], engines: Sequence[Engine], config: ClusterConfig,
-                on_step: Callable[[float, list[Request]], None] | None = None,
-                defer_decodes: bool = True) -> ClusterResult:
+                on_step: Callable[[float, list[Request]], None] | None = None) -> ClusterResult:
     """Replay requests (sorted by arrival_s) through the cluster until all have finished
-    (defer_decodes: as in sim.replay.simulation.run_trace)."""
+    (each engine fast-forwarding its decode rows as in sim.replay.simulation.run_trace)."""
     if len(engines) != config.num_engines:
         raise ValueError(f"cluster of {config.num_engines} engines given {len(engines)}")
-    for engine in engines if defer_decodes else ():
-        engine.defer_decodes()
+    for engine in engines:
+        engine.start_fast_forward()
     env = ReplayEnvironment()
     cluster = _Cluster(env, list(engines), config, on_step)
     env.process(cluster.arrivals(requests))
@@ -97,15 +96,14 @@ class _Cluster:
         # Decode engines get their own router: its turn counter must not follow arrivals.
         self.decode_router = Router(config.router)
         self.wake: list[simpy.Event | None] = [None] * len(engines)
-        # Quiet runs (sim.replay.coast) of engines that defer decode rows. A run cut by a request
-        # ends
-        # where stepping one event at a time would have, as long as a request that joins the
-        # engine at the instant one of its steps ends comes before that step's end: arrivals
-        # are delivered first at equal times (_Arrival), and a decode engine's steps end after
-        # every other event due at the same time (LATE), the KV hand-offs that bring its
-        # requests included. (A prefill engine has no quiet steps: its requests end at once.)
-        self.coasts = [e.scheduler.deferring for e in engines]
-        self.runs: list[QuietRun | None] = [None] * len(engines)  # the run each sleeps through
+        # Fast-forward runs (sim.engine.fast_forward_run) of engines whose decode rows are
+        # fast-forwarded. A run cut by a request ends where stepping one event at a time would
+        # have, as long as a request that joins the engine at the instant one of its steps
+        # ends comes before that step's end: arrivals are delivered first at equal times
+        # (_Arrival), and a decode engine's steps end after every other event due at the same
+        # time (LATE), the KV hand-offs that bring its requests included. (A prefill engine
+        # has no such runs: its requests end at once.) The run each sleeps through:
+        self.runs: list[FastForwardRun | None] = [None] * len(engines)
         self.run_ends: list[simpy.Event | None] = [None] * len(engines)  # when it wakes from it
         self.processes: list[simpy.Process] = []
         # Each engine's running + waiting count, as least-requests reads it: recounted when
@@ -160,7 +158,7 @@ class _Cluster:
             return pool[router.least_queued(queued if len(pool) == len(queued)
                                             else [queued[i] for i in pool])]
         schedulers = self.schedulers[id(pool)]
-        if router.needs_kv:  # quiet runs show their blocks as of now
+        if router.needs_kv:  # fast-forward runs show their blocks as of now
             for run in self.runs:
                 if run is not None:
                     run.apply(self.env.now)
@@ -191,7 +189,7 @@ class _Cluster:
         return True
 
     def _cut(self, index: int, end_s: float) -> None:
-        """Wake engine index, asleep through a quiet run, at end_s instead of at its end.
+        """Wake engine index, asleep through a fast-forward run, at end_s instead of at its end.
 
         Its process moves to a timeout made now; the old one fires with no one waiting, as
         an interrupted process's would. An interrupt makes the same timeout once delivered,
@@ -209,7 +207,7 @@ class _Cluster:
         self.run_ends[index] = new
 
     def _timeout(self, index: int) -> Callable[[float], simpy.Event]:
-        """What makes the event at which a step (or a quiet run) of engine index ends, given
+        """What makes the event at which a step (or a fast-forward run) of engine index ends, given
         the delay: a plain SimPy timeout, LATE for a decode engine of P/D."""
         if self.config.disaggregated and index >= self.config.num_prefill:
             return partial(_Timeout, self.env, priority=LATE)
@@ -226,7 +224,7 @@ class _Cluster:
         env, engine, queued = self.env, self.engines[index], self.queued
         scheduler = engine.scheduler
         prefill = self.config.disaggregated and index < self.config.num_prefill
-        # The engine's clock (SimPy's may be a rounding off after a quiet run).
+        # The engine's clock (SimPy's may be a rounding off after a fast-forward run).
         now = end_s = env.now
         timeout = self._timeout(index)
 
@@ -236,7 +234,7 @@ class _Cluster:
             return timeout(duration_s if env.now == start_s else end_s - env.now)
 
         while True:
-            run = QuietRun.start(engine, now, self.on_step) if self.coasts[index] else None
+            run = FastForwardRun.start(engine, now, self.on_step)
             if run is not None:  # (an arrival that cuts it wakes the engine sooner: _cut)
                 self.runs[index] = run
                 self.run_ends[index] = wake = timeout(run.ends[-1] - env.now)

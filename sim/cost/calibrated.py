@@ -191,7 +191,7 @@ class CalibratedCostModel:
 
     def predict(self, plan: BatchPlan) -> float:
         """Seconds one engine step of `plan` takes; 0 for an empty plan."""
-        if plan.requests or plan.deferred_decodes or plan.padding:
+        if plan.requests or plan.unlisted_decodes or plan.padding:
             features = plan_features(plan, self.row_knots)
             return sum(c * f for c, f in zip(self.coefficients, features, strict=True))
         return 0.0

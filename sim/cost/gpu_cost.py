@@ -87,7 +87,7 @@ class GpuCostModel(LayerCost):
 
     @property
     def reads_rows(self) -> bool:
-        """A step's time comes from the plan's totals alone (sim.engine.deferred may apply)."""
+        """A step's time comes from the plan's totals alone (sim.engine.fast_forward may apply)."""
         return False
 
     @property

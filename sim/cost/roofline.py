@@ -148,7 +148,7 @@ class AnalyticCostModel:
 
     @property
     def reads_rows(self) -> bool:
-        """A step's time comes from the plan's totals alone (sim.engine.deferred may apply)."""
+        """A step's time comes from the plan's totals alone (sim.engine.fast_forward may apply)."""
         return False
 
     @property
@@ -192,8 +192,8 @@ class AnalyticCostModel:
     def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
         """What predict gives each of num_steps plans that decode the same `rows` rows a
         token each, over `context` tokens of KV in all at the first and `rows` more at each
-        next: the same terms in the same order, so the same floats (quiet runs price many
-        steps at once, sim.replay.coast)."""
+        next: the same terms in the same order, so the same floats (fast-forward runs price
+        many steps at once, sim.engine.fast_forward_run)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
         per_token = self._compute_s_per_token * rows

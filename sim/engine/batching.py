@@ -58,7 +58,7 @@ class BatchingPolicy(Protocol):
     reserves_full: bool  # admission reserves prompt + max_new_tokens (slot-like KV)
     splits_prompts: bool  # a prompt may be computed over several steps
     budgeted: bool  # a step's tokens come from the token budget
-    allows_deferral: bool  # its decode rows may be kept out of the plans (sim.engine.deferred)
+    allows_fast_forward: bool  # its decode rows may be kept out of the plans (fast_forward)
 
     def schedule(self, scheduler: SchedulerSteps, plan: BatchPlan, now: float) -> None:
         """Fill the plan of the step that starts at `now`."""
@@ -85,7 +85,7 @@ class ContinuousBatching:
     reserves_full = True  # admission reserves prompt + max_new_tokens
     splits_prompts = False  # a prompt is computed in one step, so it must fit the budget
     budgeted = True  # a step's tokens come from the token budget
-    allows_deferral = True  # its decode rows may be kept out of the plans (sim.engine.deferred)
+    allows_fast_forward = True  # its decode rows may be kept out of the plans (fast_forward)
 
     def schedule(self, scheduler: SchedulerSteps, plan: BatchPlan, now: float) -> None:
         """Plan a step: the running requests first, then admissions from what is left."""

@@ -144,13 +144,25 @@ class BlockManager:
         return True
 
     def take_blocks(self, count: int) -> list[int] | None:
-        """count free blocks, in the order that many one-block allocations would take them
-        (a quiet run's decode rows, sim.engine.deferred); None, taking none, if fewer are free."""
+        """count free blocks, in the order that many one-block allocations would take them;
+        None, taking none, if fewer are free. They join no table: the caller owns them."""
         if count > self.num_free_blocks:
             return None
         blocks: list[int] = []
         self._take(blocks, count)
         return blocks
+
+    def add_blocks(self, request_ids: list[str]) -> bool:
+        """One more block for each request in request_ids (one may be listed more than once),
+        in order, as that many one-block allocations would give them (a fast-forward run's
+        decode rows, sim.engine.fast_forward); False, changing nothing, if the pool is short."""
+        blocks = self.take_blocks(len(request_ids))
+        if blocks is None:
+            return False
+        tables = self._tables
+        for request_id, block in zip(request_ids, blocks, strict=True):
+            tables[request_id].append(block)
+        return True
 
     def _take(self, table: list[int], count: int) -> None:
         """Append count blocks nobody holds to table: empty first, then fresh, then evicted."""

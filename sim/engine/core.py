@@ -143,9 +143,9 @@ class BatchPlan:
     num_sampled: int = 0  # rows that end their sequence and sample a token (logits rows)
     decode_context: int = 0  # sum of KV lengths read by decodes (padding rows included)
     decode_context_max: int = 0  # longest decode KV length
-    # Decodes counted in the totals above but not listed in requests (sim.engine.deferred: only
+    # Decodes counted in the totals above but not listed in requests (sim.engine.fast_forward: only
     # for a backend that prices a plan from its totals).
-    deferred_decodes: int = 0
+    unlisted_decodes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -155,12 +155,12 @@ class BatchPlan:
     @property
     def batch_size(self) -> int:
         """Rows in the forward, padding rows included."""
-        return len(self.requests) + self.deferred_decodes + len(self.padding)
+        return len(self.requests) + self.unlisted_decodes + len(self.padding)
 
     @property
     def is_empty(self) -> bool:
         """Nothing to compute and no KV to copy."""
-        return (not self.requests and not self.deferred_decodes and not self.padding
+        return (not self.requests and not self.unlisted_decodes and not self.padding
                 and not self.swap_out)
 
 
@@ -191,7 +191,8 @@ class Backend(Protocol):
 @runtime_checkable
 class ReadsRows(Protocol):
     """`reads_rows = False`: execute needs only a plan's totals and samples no tokens, so the
-    scheduler may leave decode rows out of the plan's lists (sim.engine.deferred). Default: True."""
+    scheduler may leave decode rows out of the plan's lists (sim.engine.fast_forward). Default:
+    True."""
 
     reads_rows: bool
 
@@ -200,7 +201,8 @@ class ReadsRows(Protocol):
 class PricesDecodeRuns(Protocol):
     """The durations execute would give a run of num_steps steps that only decode the same
     `rows` rows, of `context` KV tokens in all at the first (each step adds one per row):
-    quiet runs (sim.replay.coast) price them at once. Default: one execute per step."""
+    fast-forward runs (sim.engine.fast_forward_run) price them at once. Default: one execute per
+    step."""
 
     def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]: ...
 

@@ -19,7 +19,7 @@ from sim.engine.core import BatchPlan, Request
 class RecomputeEviction:
     """Drop the victim's KV; it is recomputed when the request runs again."""
 
-    allows_deferral = True  # keeps no per-row state a deferred decode would miss
+    allows_fast_forward = True  # keeps no per-row state a fast-forwarded row would miss
     num_swapped_out = 0  # preemptions that kept the victim's KV in host memory
 
     def __init__(self, block_manager: BlockManager) -> None:
@@ -49,7 +49,7 @@ class RecomputeEviction:
 class SwapEviction(RecomputeEviction):
     """Copy the victim's KV to host memory while the host pool has room, else recompute."""
 
-    allows_deferral = False  # a plan's swap lists are per row
+    allows_fast_forward = False  # a plan's swap lists are per row
 
     def __init__(self, block_manager: BlockManager) -> None:
         super().__init__(block_manager)

@@ -44,7 +44,7 @@ class _RunningOrder:
 
     # Whether running stays sorted by priority (then admission) rather than by admission.
     sorts_running = False
-    allows_deferral = True  # keeps no per-row state a deferred decode would miss
+    allows_fast_forward = True  # keeps no per-row state a fast-forwarded row would miss
 
     def place(self, running: list[Request], request: Request) -> None:
         """Put a request admitted now into the running batch."""
@@ -184,7 +184,7 @@ class KeyedQueue(_AgedQueue):
 class FairQueue(_AgedQueue):
     """Virtual Token Counter over tenants; arrival order within a tenant."""
 
-    allows_deferral = False  # it charges every row's tokens each step
+    allows_fast_forward = False  # it charges every row's tokens each step
 
     def __init__(self, aging_s: float) -> None:
         super().__init__(aging_s)

@@ -5,23 +5,21 @@ step hands out tokens from one budget so every running request catches up with i
 A request samples a token in the step that completes its sequence, so a newly admitted one
 gets its first token from prefill and the running ones advance exactly one token per step.
 The waiting queue (sim.engine.queues) orders admissions and names eviction victims, the batching
-policy (sim.engine.batching, sim.engine.scheduler_config) plans each step through the steps offered
-here, and the
-eviction mechanism (sim.engine.eviction) decides what becomes of a victim's KV;
-sim.engine.scheduler_deferral
-holds the methods for decode rows kept out of the plans (sim.engine.deferred).
+policy (sim.engine.batching, sim.engine.scheduler_config) plans each step through the steps
+offered here, the eviction mechanism (sim.engine.eviction) decides what becomes of a victim's KV,
+and, for a replay priced by a cost model, a decode fast-forward (sim.engine.fast_forward) keeps
+the decode rows out of the plans.
 """
 
 from __future__ import annotations
 
-from sim.engine.batch_plan import add_chunks, add_running, add_to_plan, remove_from_plan
+from sim.engine.batch_plan import add_running, add_to_plan, remove_from_plan
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, FinishReason, Request, RequestStatus, StepResult
-from sim.engine.deferred import DeferredDecodes
 from sim.engine.eviction import EVICTIONS
+from sim.engine.fast_forward import DecodeFastForward
 from sim.engine.queues import make_queue
 from sim.engine.scheduler_config import BATCHING, POLICIES, SchedulerConfig
-from sim.engine.scheduler_deferral import DecodeDeferral
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives beside it
 
@@ -30,7 +28,7 @@ __all__ = ["POLICIES", "Scheduler", "SchedulerConfig"]  # the config lives besid
 _RUNNING = RequestStatus.RUNNING
 
 
-class Scheduler(DecodeDeferral):
+class Scheduler:
     """Owns the waiting and running queues and the KV block manager."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -57,7 +55,8 @@ class Scheduler(DecodeDeferral):
         self._caching = config.enable_prefix_caching
         self._live: dict[str, Request] = {}  # unfinished requests by id
         self._budget = config.budget
-        self.deferred: DeferredDecodes | None = None  # see defer_decodes
+        # Keeps decode rows out of the plans (start_fast_forward); None: every row is listed.
+        self.fast_forward: DecodeFastForward | None = None
         # A P/D prefill engine keeps a finished request's KV until its transfer is done
         # (release_kv), as vLLM's P/D connectors free a block only once it has been sent.
         self.keep_finished_kv = False
@@ -119,6 +118,26 @@ class Scheduler(DecodeDeferral):
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
+    def start_fast_forward(self) -> bool:
+        """Keep decode rows out of the plans' row lists from now on (sim.engine.fast_forward):
+        for a backend that prices a plan from its totals and samples no tokens. Returns
+        whether it does: not when a part does per-row work it does not model (static
+        batching's padding, swap's copies, a fair queue's charges)."""
+        if self._live:
+            raise RuntimeError("start_fast_forward must come before the first request")
+        if (self.batching.allows_fast_forward and self.eviction.allows_fast_forward
+                and self.waiting.allows_fast_forward):
+            self.fast_forward = DecodeFastForward(
+                self.block_manager, not self.batching.reserves_full, self.waiting.sorts_running)
+        return self.fast_forward is not None
+
+    def finish_at_length(self, finished: list[Request], now: float) -> None:
+        """Finish the requests a fast-forwarded step that ended at `now` brought to
+        max_new_tokens (DecodeFastForward.update returned them), as update would."""
+        for request in finished:
+            self._finish(request, FinishReason.LENGTH, now)
+            self.running.remove(request)
+
     # ---- one step ------------------------------------------------------------------------
 
     def schedule(self, now: float) -> BatchPlan:
@@ -133,14 +152,10 @@ class Scheduler(DecodeDeferral):
         """Schedule the running requests from the step's token budget, in running order
         (sim.engine.batch_plan.add_running); on_demand: find KV as sequences grow, evicting when the
         pool is short. Returns the budget left."""
-        deferred = self.deferred
         make_room = self._make_room if on_demand else None
-        if deferred:
-            budget = self._budget - deferred.schedule(plan, self.block_manager.try_allocate,
-                                                      self._make_room)
-            if deferred.others:
-                budget = add_chunks(plan, deferred.running_others(), budget, make_room)
-            return budget
+        if self.fast_forward is not None:
+            return self.fast_forward.schedule_running(plan, self._budget, self._make_room,
+                                                      make_room)
         return add_running(plan, self.running, self._budget, make_room,
                            self.block_manager.block_size)
 
@@ -165,8 +180,8 @@ class Scheduler(DecodeDeferral):
             running.pop()
         else:
             running.remove(victim)
-        if self.deferred:  # a deferred row catches up (and leaves this step's totals)
-            self.deferred.leave(victim, plan)
+        if self.fast_forward is not None:  # a row catches up (and leaves this step's totals)
+            self.fast_forward.leave(victim, plan)
         n = plan.num_scheduled_tokens.pop(victim.request_id, None)
         if n is not None:  # it was scheduled earlier in this step: take it back out
             plan.requests.remove(victim)
@@ -228,8 +243,8 @@ class Scheduler(DecodeDeferral):
             request.first_scheduled_s = now
             request.num_cached_tokens = hit
         self.waiting.place(self.running, request)
-        if self.deferred:
-            self.deferred.started(request)
+        if self.fast_forward is not None:
+            self.fast_forward.started(request)
         plan.admitted.append(request.request_id)
 
     def _preempt_for(self, request: Request, plan: BatchPlan, now: float) -> bool:
@@ -257,13 +272,9 @@ class Scheduler(DecodeDeferral):
         hold = self._hold
         block_size = self.block_manager.block_size
         cache_blocks = self.block_manager.cache_blocks if self._caching else None
-        deferred = self.deferred
-        if deferred:  # its rows come first, as decodes do in a plan
-            if sampled is not None:
-                raise RuntimeError("deferred decodes need a backend that samples no tokens")
-            finished = deferred.update(now, self.block_manager.cache_blocks)
-            for request in finished:
-                self._finish(request, FinishReason.LENGTH, now)
+        fast_forward = self.fast_forward
+        if fast_forward is not None:  # its rows come first, as decodes do in a plan
+            finished = self._update_fast_forward(sampled, now)
         # Service counted before the step's tokens are applied (a fair queue keeps it).
         if self._charge is not None:
             self._charge(plan)
@@ -275,25 +286,12 @@ class Scheduler(DecodeDeferral):
                 cache_blocks(request, computed)  # blocks filled this step join the cache
             times = request.token_times_s
             num_tokens = request.prompt_len + len(times)  # (Request.num_tokens, inlined)
-            if computed != num_tokens:
-                # a prefill chunk that did not reach the end of the sequence
-                if deferred and computed + 1 == num_tokens:
-                    deferred.defer(request)  # its last prompt token: computed as a decode
+            if computed != num_tokens:  # a prefill chunk that did not reach the end of the sequence
                 continue
             times.append(now)
-            reason = None
-            if sampled is not None:
-                token = sampled[request.request_id]
-                request.output_token_ids.append(token)
-                params = request.sampling
-                if token in params.stop_token_ids or (
-                    token == params.eos_token_id and not params.ignore_eos
-                ):
-                    reason = FinishReason.STOP
+            reason = None if sampled is None else _append_sampled(request, sampled)
             if reason is None:
                 if len(times) < request.max_new_tokens:
-                    if deferred:
-                        deferred.defer(request)
                     continue
                 reason = FinishReason.LENGTH
             finished.append(request)
@@ -303,8 +301,19 @@ class Scheduler(DecodeDeferral):
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
+        if fast_forward is not None:  # the listed requests that decode from now on
+            fast_forward.adopt(plan.requests)
         returned = self._returned
         return finished if returned is None else returned(self, finished, now)
+
+    def _update_fast_forward(self, sampled: dict[str, int] | None, now: float) -> list[Request]:
+        """Apply the step that ended at `now` to the fast-forwarded rows; those it finished."""
+        if sampled is not None:
+            raise RuntimeError("a decode fast-forward needs a backend that samples no tokens")
+        finished = self.fast_forward.update(now)
+        for request in finished:
+            self._finish(request, FinishReason.LENGTH, now)
+        return finished
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         request.status = RequestStatus.FINISHED
@@ -312,8 +321,8 @@ class Scheduler(DecodeDeferral):
         request.finish_s = now
         self._live.pop(request.request_id, None)
         self.waiting.forget(request)
-        if self.deferred:
-            self.deferred.leave(request)
+        if self.fast_forward is not None:
+            self.fast_forward.leave(request)
         if self.block_manager.holds(request.request_id) and not (
                 self.keep_finished_kv and reason in (FinishReason.LENGTH, FinishReason.STOP)):
             self.block_manager.free(request.request_id)
@@ -323,3 +332,12 @@ class Scheduler(DecodeDeferral):
         if request_id not in self._live and self.block_manager.holds(request_id):
             self.block_manager.free(request_id)
 
+
+def _append_sampled(request: Request, sampled: dict[str, int]) -> FinishReason | None:
+    """Append the token the step sampled for request; STOP if it ends the sequence."""
+    token = sampled[request.request_id]
+    request.output_token_ids.append(token)
+    params = request.sampling
+    if token in params.stop_token_ids or (token == params.eos_token_id and not params.ignore_eos):
+        return FinishReason.STOP
+    return None

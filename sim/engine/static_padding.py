@@ -17,7 +17,7 @@ class StaticBatching:
     reserves_full = True
     splits_prompts = False
     budgeted = False  # bounded by max_num_seqs and KV, not by a token budget
-    allows_deferral = False  # padding rows are per-row work a deferred decode does not do
+    allows_fast_forward = False  # padding rows are per-row work a fast-forwarded row does not do
 
     def __init__(self) -> None:
         self.padding = Padding()  # the current batch's finished rows

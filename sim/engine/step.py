@@ -2,15 +2,15 @@
 
 `Engine.step` is the step of the simulator, the cluster, the measured run and the HTTP
 server's engine thread; they differ only in the `wait` they pass, that is, in how they let
-a step's time pass. `Engine.quiet_steps` applies steps of a run priced at once (sim.replay.coast).
-They are the only places a step is recorded (sim.engine.step_log).
+a step's time pass. `Engine.finish_step` records each step it applies (sim.engine.step_log); the
+steps of a fast-forward run, priced at once, are recorded as the run applies them
+(sim.engine.fast_forward_run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
 from sim.engine.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
@@ -27,10 +27,6 @@ __all__ = ["Engine", "StepRecord", "Wait", "run_now"]
 # inside the step).
 Wait = Callable[[float, float], Any]
 
-# Quiet steps applied together (Engine.quiet_steps) at the least: fewer are applied one at a
-# time, which costs less than gathering their blocks and records when there are few.
-TOGETHER_MIN = 5
-
 @dataclass
 class Engine:
     """A scheduler and a backend; records one row per executed step."""
@@ -38,8 +34,12 @@ class Engine:
     scheduler: Scheduler
     backend: Backend
     steps: StepLog = field(default_factory=StepLog)
-    # The backend's PricesDecodeRuns.decode_steps_s, None without it (quiet runs price
-    # their steps with it: resolved once, not per run).
+    # Whether a replay (sim.replay.simulation, sim.cluster.run) may fast-forward decode rows
+    # (sim.engine.fast_forward) where the backend prices a plan from its totals alone: the
+    # same decisions, made faster. False lists every row in every plan (to compare).
+    allow_fast_forward: bool = True
+    # The backend's PricesDecodeRuns.decode_steps_s, None without it (fast-forward runs
+    # price their steps with it: resolved once, not per run).
     decode_run_price: Callable[[int, int, int], list[float]] | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -55,17 +55,18 @@ class Engine:
         """The next step's plan, scheduled at `now`; None when there is nothing to run."""
         plan = self.scheduler.schedule(now)
         # plan.is_empty, inlined (once per step); a step that only swaps KV out still runs.
-        if (not plan.requests and not plan.deferred_decodes and not plan.padding
+        if (not plan.requests and not plan.unlisted_decodes and not plan.padding
                 and not plan.swap_out):
             return None
         return plan
 
-    def defer_decodes(self) -> bool:
-        """Let the scheduler keep decode rows out of the plans (sim.engine.deferred) when the
-        backend prices a plan from its totals alone; returns whether it does."""
-        if reads_rows(self.backend):
-            return False
-        return self.scheduler.defer_decodes()
+    def start_fast_forward(self) -> bool:
+        """Fast-forward the scheduler's decode rows (sim.engine.fast_forward) from now on,
+        where allow_fast_forward lets it and the backend prices a plan from its totals alone
+        (a replay's choice, before its first request); returns whether it does."""
+        if self.allow_fast_forward and not reads_rows(self.backend):
+            return self.scheduler.start_fast_forward()
+        return False
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Run (or price) the plan on the backend."""
@@ -94,7 +95,7 @@ class Engine:
         # The record (the plan's properties inlined: once per step).
         padding_rows, prefill_tokens, decode_seqs = (
             len(plan.padding), plan.prefill_tokens, plan.decode_seqs)
-        batch_size = len(plan.requests) + plan.deferred_decodes + padding_rows
+        batch_size = len(plan.requests) + plan.unlisted_decodes + padding_rows
         num_tokens = prefill_tokens + decode_seqs
         kv_blocks_used = scheduler.block_manager.num_used_blocks
         num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
@@ -104,93 +105,12 @@ class Engine:
             padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
         return finished
 
-    def quiet_steps(self, start_s: float, durations: list[float], first: int, last: int,
-                    begun: int, on_step: Callable[[float, list[Request]], None] | None
-                    ) -> None:
-        """Apply quiet steps first..last-1 of a run priced at once (sim.replay.coast: each only
-        decodes the deferred rows; step j lasts durations[j] and starts at start_s, the end
-        of step first - 1): at the start of each not yet begun (j >= begun) the rows' new KV
-        blocks, at its end its token times, the rows it finished (the run's last step only)
-        and its record."""
-        scheduler = self.scheduler
-        deferred, bm = scheduler.deferred, scheduler.block_manager
-        # Up to a step that changes rows at its end (a run's last) at once.
-        count = min(last - first, deferred.steps_before_event() + 1)
-        while count >= TOGETHER_MIN:
-            start_s = self._quiet_steps_together(start_s, durations, first, first + count,
-                                                 begun, on_step)
-            first += count
-            count = min(last - first, deferred.steps_before_event() + 1)
-        allocate, try_allocate = deferred.allocate, bm.try_allocate
-        update, cache_blocks, record = deferred.update, bm.cache_blocks, self.steps.add_packed
-        batch_size = decode_seqs = num_tokens = len(deferred.rows)
-        prefill_tokens = padding_rows = num_preempted = 0
-        for j in range(first, last):
-            if j >= begun:
-                allocate(try_allocate, _no_room, None)
-            duration_s = durations[j]
-            end_s = start_s + duration_s
-            finished = update(end_s, cache_blocks)
-            if finished:
-                scheduler.finish_deferred(finished, end_s)
-                for request in finished:
-                    self.backend.free(request)
-            kv_blocks_used = bm.num_used_blocks
-            num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
-            record(pack(
-                start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-                padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
-            start_s = end_s
-            if on_step is not None:
-                on_step(end_s, finished)
-
-    def _quiet_steps_together(self, start_s: float, durations: list[float], first: int,
-                              last: int, begun: int,
-                              on_step: Callable[[float, list[Request]], None] | None) -> float:
-        """quiet_steps for steps first..last-1, of which only the last may change rows at its
-        end: their blocks in one pass (in the order a step at a time takes them), then each
-        one's record and on_step in turn, the last one's row events before its own; returns
-        when the last ends."""
-        scheduler = self.scheduler
-        deferred, bm = scheduler.deferred, scheduler.block_manager
-        used_before = bm.num_used_blocks
-        taken = deferred.allocate_steps(max(begun - first, 0), last - first, bm.take_blocks)
-        if taken is None:
-            raise RuntimeError("a quiet step found no KV block")
-        batch_size = decode_seqs = num_tokens = len(deferred.rows)
-        prefill_tokens = padding_rows = num_preempted = 0
-        num_waiting, num_running = len(scheduler.waiting), len(scheduler.running)
-        ends = list(accumulate(durations[first:last], initial=start_s))  # (the same sums)
-        starts = ends[:-1]
-        del ends[0]
-        deferred.advance(ends[:-1])
-        record, final = self.steps.add_packed, last - first - 1
-        used = [used_before + n for n in taken]
-        finished: list[Request] = []
-        for j, (start_s, duration_s, end_s, kv_blocks_used) in enumerate(
-                zip(starts, durations[first:last], ends, used, strict=True)):
-            if j == final:  # the last step: its row events first
-                finished = deferred.update(end_s, bm.cache_blocks)
-                if finished:
-                    scheduler.finish_deferred(finished, end_s)
-                    for request in finished:
-                        self.backend.free(request)
-                    kv_blocks_used, num_running = bm.num_used_blocks, len(scheduler.running)
-            record(pack(
-                start_s, duration_s, batch_size, num_tokens, prefill_tokens, decode_seqs,
-                padding_rows, kv_blocks_used, num_waiting, num_running, num_preempted))
-            if on_step is not None:
-                on_step(end_s, finished)
-        return end_s
-
-    def begin_quiet_step(self) -> None:
-        """Apply the start of a quiet step (sim.replay.coast): the deferred rows' new KV blocks."""
-        deferred = self.scheduler.deferred
-        deferred.allocate(self.scheduler.block_manager.try_allocate, _no_room, None)
-
-
-def _no_room(request: Request, num_tokens: int, plan: BatchPlan) -> bool:
-    raise RuntimeError(f"a quiet step found no KV block for {request.request_id}")
+    def retire(self, finished: list[Request], now: float) -> None:
+        """Finish the rows a fast-forwarded step (sim.engine.fast_forward_run) that ended at
+        `now` brought to max_new_tokens, as finish_step would."""
+        self.scheduler.finish_at_length(finished, now)
+        for request in finished:
+            self.backend.free(request)
 
 
 def run_now(step: Generator[Any, Any, list[Request] | None]) -> list[Request] | None:

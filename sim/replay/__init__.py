@@ -1,1 +1,1 @@
-"""The event-driven replay of one engine: the SimPy loop, quiet runs, metrics and verdicts."""
+"""The event-driven replay of one engine: the SimPy loop, metrics and verdicts."""

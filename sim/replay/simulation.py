@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import simpy
 
 from sim.engine.core import Request, request_overhead_s
+from sim.engine.fast_forward_run import FastForwardRun
 from sim.engine.step import Engine
 from sim.engine.step_log import StepLog
-from sim.replay.coast import QuietRun
 
 
 class StalledError(RuntimeError):
@@ -91,16 +91,13 @@ def run_trace(
     requests: Sequence[Request],
     engine: Engine,
     on_step: Callable[[float, list[Request]], None] | None = None,
-    defer_decodes: bool = True,
 ) -> RunResult:
     """Replay requests (sorted by arrival_s) through the engine until all have finished.
 
     on_step, if given, is called after every step with the time and the finished requests.
-    defer_decodes: with a cost model, keep decode rows out of the plans (sim.engine.deferred): the
-    same decisions, made faster; False lists every row (to compare).
+    With a cost model, the engine fast-forwards its decode rows (Engine.allow_fast_forward).
     """
-    if defer_decodes:
-        engine.defer_decodes()
+    engine.start_fast_forward()
     env = ReplayEnvironment()
     replay = _Replay(env, requests, engine, on_step)
     env.process(replay.arrivals())
@@ -156,13 +153,11 @@ class _Replay:
         env, engine, requests = self.env, self.engine, self.requests
         scheduler = engine.scheduler
         num_requests = len(requests)
-        coasts = scheduler.deferring
         now = env.now  # the engine's clock: ahead of env.now while it runs steps ahead
         while True:
             arrival = self.next_arrival_s
-            # Quiet steps (sim.replay.coast), up to the one in progress when the next request
-            # arrives.
-            run = QuietRun.start(engine, now, self.on_step, arrival) if coasts else None
+            # Fast-forwarded steps, up to the one in progress when the next request arrives.
+            run = FastForwardRun.start(engine, now, self.on_step, arrival)
             if run is not None:
                 if arrival <= run.end_s:  # it lands in the last step: delivered first
                     run.apply(arrival)

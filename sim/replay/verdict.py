@@ -1,8 +1,8 @@
 """A simulated run's SLO verdict, known before the run ends: stop once it certainly fails.
 
 A run fails a p99 target once so many of its values are over it that the percentile exceeds
-it whatever the others turn out to be. What is certain mid-run, with decode rows deferred
-(sim.engine.deferred copies a running row's token times only when it leaves):
+it whatever the others turn out to be. What is certain mid-run, with decode rows fast-forwarded
+(sim.engine.fast_forward copies a running row's token times only when it leaves):
   - TTFT: a request never scheduled yet whose wait alone exceeds the target (its first token
     comes at the end of a step that starts no earlier than now); a request that has its
     first token, or has finished;
@@ -109,7 +109,7 @@ class SloWatch:
             request = pending[i]
             if request.first_scheduled_s is None:
                 self._judge(request, None)
-            elif request.token_times_s:  # (a deferred row's first token may be unwritten)
+            elif request.token_times_s:  # (a fast-forwarded row's first token may be unwritten)
                 self._judge(request, request.token_times_s[0])
             i += 1
         self.passed = i

@@ -26,7 +26,8 @@ SESSIONS = ("synthetic:users=12,rate=4,turns=uniform(2,5),think=lognormal(0.5,0.
 CHAT = "synthetic:users=4,rate=1,turns=fixed(3),think=fixed(1),question=fixed(40),output=fixed(24)"
 
 
-def simulate(spec: str, replicas: int | str = 1, users: int | None = None, defer: bool = True,
+def simulate(spec: str, replicas: int | str = 1, users: int | None = None,
+             fast_forward: bool = True,
              backend=None, router: str = "round-robin", num_blocks: int = 4096):
     """replicas: an engine count, or "P:D" for prefill/decode disaggregation."""
     trace = open_trace(spec, seed=3)
@@ -41,11 +42,12 @@ def simulate(spec: str, replicas: int | str = 1, users: int | None = None, defer
                                 num_decode=decode, kv_bytes_per_token=131072)
     else:
         cluster = ClusterConfig(num_replicas=replicas, router=RouterConfig(router))
-    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
+    engines = [Engine(Scheduler(config), backend, allow_fast_forward=fast_forward)
+               for _ in range(cluster.num_engines)]
     if cluster.num_engines == 1:
-        run_closed_trace(requests, engines[0], loop, defer_decodes=defer)
+        run_closed_trace(requests, engines[0], loop)
     else:
-        run_closed_cluster(requests, engines, cluster, loop, defer_decodes=defer)
+        run_closed_cluster(requests, engines, cluster, loop)
     return trace, requests
 
 
@@ -73,12 +75,12 @@ def test_a_turn_is_sent_think_time_after_the_previous_answer(replicas):
 
 
 @pytest.mark.parametrize("replicas", [1, 2, "1:2"])
-def test_deferred_decodes_release_turns_as_listed_rows_do(replicas):
-    """Quiet runs finish rows in bulk: the loop still sees each finish at its own time."""
+def test_fast_forwarded_rows_release_turns_as_listed_rows_do(replicas):
+    """Fast-forward runs finish rows in bulk: the loop still sees each finish at its own time."""
     model = AnalyticCostModel.preset("llama-3-8b", "h100")
-    _, deferred = simulate(SESSIONS, replicas, backend=model)
-    _, listed = simulate(SESSIONS, replicas, backend=model, defer=False)
-    for a, b in zip(deferred, listed, strict=True):
+    _, fast = simulate(SESSIONS, replicas, backend=model)
+    _, listed = simulate(SESSIONS, replicas, backend=model, fast_forward=False)
+    for a, b in zip(fast, listed, strict=True):
         assert (a.arrival_s, a.finish_s, a.token_times_s, a.num_cached_tokens) == (
             b.arrival_s, b.finish_s, b.token_times_s, b.num_cached_tokens)
 

@@ -125,7 +125,7 @@ def test_decode_steps_are_priced_to_the_bit_as_their_plans(tp: int, crossing: in
                                      tensor_parallel=tp)
     for rows, context in [(1, 7), (3, 100), (28, 30_000), (256, crossing)]:
         durations = model.decode_steps_s(rows, context, 40)
-        plans = [BatchPlan(decode_seqs=rows, num_sampled=rows, deferred_decodes=rows,
+        plans = [BatchPlan(decode_seqs=rows, num_sampled=rows, unlisted_decodes=rows,
                            decode_context=context + rows * j) for j in range(40)]
         assert durations == [model.predict(plan) for plan in plans]  # exact, not approximate
     # 256 rows over `crossing` tokens turn from compute- to memory-bound within the run: the

@@ -1,7 +1,7 @@
-"""Where steps are recorded: only in sim/engine/step.py, each from local variables named as
-StepRecord's fields, in their order, so a reordered or renamed field cannot slip through a
-positional tuple unnoticed (sim.engine.step_log stores the fields, and makes a StepRecord only from
-what it stored)."""
+"""Where steps are recorded: only in sim/engine/step.py and sim/engine/fast_forward_run.py, each
+from local variables named as StepRecord's fields, in their order, so a reordered or renamed
+field cannot slip through a positional tuple unnoticed (sim.engine.step_log stores the fields,
+and makes a StepRecord only from what it stored)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from sim.engine.step import StepRecord
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("sim", "executor", "servelab")
+PACKAGES = ("sim", "serve", "executor", "calibration", "sweeps", "reporting", "servelab")
 
 
 def _record_calls(tree: ast.AST) -> list[ast.Call]:
@@ -24,9 +24,13 @@ def _packs(tree: ast.AST) -> list[ast.Call]:
             and isinstance(node.func, ast.Name) and node.func.id == "pack"]
 
 
+RECORDERS = (ROOT / "sim" / "engine" / "step.py", ROOT / "sim" / "engine" / "fast_forward_run.py")
+
+
 def test_every_step_record_is_built_from_locals_named_as_its_fields():
-    calls = _packs(ast.parse((ROOT / "sim" / "engine" / "step.py").read_text()))
-    assert len(calls) == 3  # Engine.finish_step, quiet_steps and _quiet_steps_together
+    calls = [call for path in RECORDERS for call in _packs(ast.parse(path.read_text()))]
+    # Engine.finish_step; FastForwardRun._apply_steps and _apply_together
+    assert len(calls) == 3
     for call in calls:
         names = tuple(element.id if isinstance(element, ast.Name) else ast.unparse(element)
                       for element in call.args)
@@ -37,7 +41,7 @@ def test_no_other_module_builds_a_step_record():
     builders = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path == ROOT / "sim" / "engine" / "step.py":
+            if path in RECORDERS:
                 continue
             if _record_calls(ast.parse(path.read_text())):
                 builders.append(str(path.relative_to(ROOT)))

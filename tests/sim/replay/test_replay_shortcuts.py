@@ -1,10 +1,12 @@
-"""The replay's shortcuts decide what the plain path decides: quiet steps applied together,
+"""The replay's shortcuts decide what the plain path decides: fast-forwarded steps applied together,
 a cut run's engine woken without an interrupt, least-requests counts kept as queues change.
 
-Each replay runs twice: with the shortcuts on, and with quiet steps applied one at a time and
-cuts by interrupt, and must give identical token times, finishes, step records and block ids
-(the order the pool would hand out its free blocks). Quiet steps applied together call an
-on_step as one at a time would.
+Each replay runs twice: with the shortcuts on, and with fast-forwarded steps applied one at a
+time and cuts by interrupt, and must give identical token times, finishes, step records and
+block ids (the order the pool would hand out its free blocks). Fast-forwarded steps applied
+together call an on_step as one at a time would. Each test runs with the decode fast-forward
+on and off (Engine.allow_fast_forward): off, the shortcuts have nothing to do, and the run
+is the plain path's on both sides.
 """
 
 from __future__ import annotations
@@ -16,22 +18,24 @@ from sim.cluster.router import Router, RouterConfig
 from sim.cluster.run import ClusterConfig, _Cluster, run_cluster
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
-from sim.engine import step as engine_module
+from sim.engine import fast_forward_run
 from sim.engine.core import Request
+from sim.engine.fast_forward_run import FastForwardRun
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
-from tests.sim.engine.test_deferred import outcome
-from tests.sim.replay.test_coast import STEP_S, grid_workload
+from tests.sim.engine.test_fast_forward import outcome
+from tests.sim.replay.test_fast_forward_run import STEP_S, grid_workload
 
 
 def _replay(backend, config: SchedulerConfig, requests: list[Request],
-            cluster: ClusterConfig | None, shortcuts: bool, on_step=None) -> tuple:
-    engines = [Engine(Scheduler(config), backend)
+            cluster: ClusterConfig | None, shortcuts: bool, fast_forward: bool,
+            on_step=None) -> tuple:
+    engines = [Engine(Scheduler(config), backend, allow_fast_forward=fast_forward)
                for _ in range(cluster.num_engines if cluster else 1)]
     with pytest.MonkeyPatch.context() as patch:
-        if not shortcuts:  # every quiet step applied on its own, every cut an interrupt
-            patch.setattr(engine_module, "TOGETHER_MIN", 1 << 62)
+        if not shortcuts:  # every fast-forwarded step applied on its own, every cut an interrupt
+            patch.setattr(fast_forward_run, "TOGETHER_MIN", 1 << 62)
             patch.setattr(_Cluster, "interrupts_cuts", True)
         if cluster:
             run_cluster(requests, engines, cluster, on_step=on_step)
@@ -41,11 +45,22 @@ def _replay(backend, config: SchedulerConfig, requests: list[Request],
     return outcome(requests, engines), [bm.take_blocks(bm.num_free_blocks) for bm in pools]
 
 
+@pytest.fixture(params=[True, False], ids=["fast-forward", "listed"])
+def fast_forward(request) -> bool:
+    """Engine.allow_fast_forward of both replays a test compares."""
+    return request.param
+
+
+def ran(count: int, fast_forward: bool) -> bool:
+    """A shortcut ran `count` times: more than 50 with the fast-forward on, none off."""
+    return count > 50 if fast_forward else count == 0
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """How often each shortcut ran."""
     counts = {"together": 0, "cuts": 0}
-    together, cut = Engine._quiet_steps_together, _Cluster._cut
+    together, cut = FastForwardRun._apply_together, _Cluster._cut
 
     def counting_together(self, *args):
         counts["together"] += 1
@@ -55,7 +70,7 @@ def calls(monkeypatch):
         counts["cuts"] += not self.interrupts_cuts
         cut(self, index, end_s)
 
-    monkeypatch.setattr(Engine, "_quiet_steps_together", counting_together)
+    monkeypatch.setattr(FastForwardRun, "_apply_together", counting_together)
     monkeypatch.setattr(_Cluster, "_cut", counting_cut)
     return counts
 
@@ -65,7 +80,8 @@ def calls(monkeypatch):
     SchedulerConfig(policy="chunked", num_blocks=120, enable_prefix_caching=True),  # evicts
     SchedulerConfig(policy="continuous", num_blocks=400, queue="priority"),
 ], ids=["chunked", "caching, small pool", "continuous, priority"])
-def test_quiet_steps_applied_together_take_the_blocks_one_at_a_time_would(config, calls):
+def test_steps_applied_together_take_the_blocks_one_at_a_time_would(config, calls,
+                                                                     fast_forward):
     backend = ConstantBackend(step_s=STEP_S)
 
     def requests() -> list[Request]:
@@ -73,17 +89,19 @@ def test_quiet_steps_applied_together_take_the_blocks_one_at_a_time_would(config
                         priority=r.priority, prefix_hash_ids=(i % 3, 100 + i))
                 for i, r in enumerate(grid_workload(300, 3, 16))]
 
-    together = _replay(backend, config, requests(), None, True)
-    assert calls["together"] > 50
-    assert together == _replay(backend, config, requests(), None, False)
+    together = _replay(backend, config, requests(), None, True, fast_forward)
+    assert ran(calls["together"], fast_forward)
+    assert together == _replay(backend, config, requests(), None, False, fast_forward)
 
 
 @pytest.mark.parametrize("cluster", [None, ClusterConfig(num_replicas=3,
                                                           router=RouterConfig("least-requests"))],
                          ids=["one engine", "cluster"])
-def test_quiet_steps_applied_together_call_on_step_as_one_at_a_time_would(cluster, calls):
+def test_steps_applied_together_call_on_step_as_one_at_a_time_would(cluster, calls,
+                                                                    fast_forward):
     """A step hook (an SLO watch, a progress bar, a closed loop) sees every step's end and
-    the requests it finished, in the same order, whichever way quiet steps are applied."""
+    the requests it finished, in the same order, whichever way fast-forwarded steps are
+    applied."""
     backend = ConstantBackend(step_s=STEP_S)
     config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
                              num_blocks=120)
@@ -93,8 +111,8 @@ def test_quiet_steps_applied_together_call_on_step_as_one_at_a_time_would(cluste
         def hook(now: float, finished: list[Request], log=seen[together]) -> None:
             log.append((now, [r.request_id for r in finished]))
         outcomes[together] = _replay(backend, config, grid_workload(300, 4, 16), cluster,
-                                     together, on_step=hook)
-    assert calls["together"] > 50
+                                     together, fast_forward, on_step=hook)
+    assert ran(calls["together"], fast_forward)
     assert outcomes[True] == outcomes[False]
     assert seen[True] == seen[False]
     assert sum(len(f) for _, f in seen[True]) == 300
@@ -102,7 +120,7 @@ def test_quiet_steps_applied_together_call_on_step_as_one_at_a_time_would(cluste
 
 @pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
 @pytest.mark.parametrize("pd", [False, True], ids=["co-located", "P/D"])
-def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, pd, calls):
+def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, pd, calls, fast_forward):
     """Arrivals cut co-located engines' runs; under P/D, KV hand-offs (here instant: on the
     step grid) cut decode engines' runs."""
     backend = ConstantBackend(step_s=STEP_S)
@@ -110,9 +128,10 @@ def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, pd, calls):
                              num_blocks=40)  # preempts
     cluster = (ClusterConfig(router=RouterConfig(router), num_prefill=1, num_decode=3)
                if pd else ClusterConfig(num_replicas=3, router=RouterConfig(router)))
-    moved = _replay(backend, config, grid_workload(400, 2, 6), cluster, True)
-    assert calls["cuts"] > 50
-    assert moved == _replay(backend, config, grid_workload(400, 2, 6), cluster, False)
+    moved = _replay(backend, config, grid_workload(400, 2, 6), cluster, True, fast_forward)
+    assert ran(calls["cuts"], fast_forward)
+    assert moved == _replay(backend, config, grid_workload(400, 2, 6), cluster, False,
+                            fast_forward)
 
 
 @pytest.mark.parametrize("cluster", [
@@ -120,11 +139,12 @@ def test_a_cut_run_wakes_its_engine_when_an_interrupt_would(router, pd, calls):
     ClusterConfig(router=RouterConfig("least-requests"), num_prefill=1, num_decode=3,
                   kv_link_gbps=10.0, kv_bytes_per_token=131072),
 ], ids=["co-located", "P/D"])
-def test_least_requests_reads_the_counts_a_recount_gives(cluster, monkeypatch):
+def test_least_requests_reads_the_counts_a_recount_gives(cluster, monkeypatch, fast_forward):
     """At every arrival, the counts the router reads equal each engine's running + waiting."""
     backend = AnalyticCostModel.preset("llama-3-8b", "h100")
     config = SchedulerConfig(policy="chunked", num_blocks=150)  # preempts
-    engines = [Engine(Scheduler(config), backend) for _ in range(cluster.num_engines)]
+    engines = [Engine(Scheduler(config), backend, allow_fast_forward=fast_forward)
+               for _ in range(cluster.num_engines)]
     schedulers = [e.scheduler for e in engines]
     least_queued, seen = Router.least_queued, []
 

@@ -1,4 +1,4 @@
-"""Deferred decode rows: the scheduler's bookkeeping for decodes when no backend reads rows.
+"""Decode fast-forward: the scheduler's decode rows kept out of the plans, for a cost model.
 
 A running request whose KV covers all but its last token (a decode) does the same thing
 every step until it leaves: one token computed, one token time, one more KV slot. A cost
@@ -13,7 +13,8 @@ keeps such rows out of the plan's row lists and out of its per-row loops:
     or it reaches max_new_tokens. Those events run in the running queue's order, as the
     per-row loops visit them, so every allocation, eviction and cache registration happens
     in the same order and with the same outcome as with every row listed.
-A backend that samples tokens (the executor) or reads the plan's rows gets every row listed.
+Between the steps where the scheduler decides something, the steps only decode these rows:
+a replay prices a run of them at once (sim.engine.fast_forward_run).
 """
 
 from __future__ import annotations
@@ -21,45 +22,43 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import insort
-from collections.abc import Callable
 
-from sim.engine.batch_plan import MakeRoom
+from sim.engine.batch_plan import MakeRoom, add_chunks
 from sim.engine.block_hashes import num_shareable_blocks
+from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request
 
 _CACHE, _FINISH = 0, 1  # update events of one row at one step: its block first, then the end
 
 
 class _Row:
-    """One deferred decode: its length at step s is k + s; it joined at step `start`."""
+    """One fast-forwarded decode: its length at step s is k + s; it joined at step `start`."""
 
-    __slots__ = ("request", "key", "start", "k", "alive", "shareable", "table")
+    __slots__ = ("request", "key", "start", "k", "alive", "shareable")
 
     def __init__(self, request: Request, key: object, start: int, k: int,
-                 shareable: int, table: list[int] | None) -> None:
+                 shareable: int) -> None:
         self.request, self.key, self.start, self.k, self.alive = request, key, start, k, True
         self.shareable = shareable  # blocks prefix caching may register (block_hashes)
-        self.table = table  # its block table (the block manager's list), KV on demand only
 
 
 def _running_order(row: _Row) -> object:
     return row.key
 
 
-class DeferredDecodes:
-    """The deferred decode rows of one scheduler, and its other running rows in order."""
+class DecodeFastForward:
+    """The fast-forwarded decode rows of one scheduler, and its other running rows in order."""
 
-    def __init__(self, block_size: int, on_demand: bool, caching: bool, by_priority: bool,
-                 block_table: Callable[[str], list[int]]):
-        self.block_size = block_size
-        self.block_table = block_table  # a running request's block table (BlockManager's)
+    def __init__(self, block_manager: BlockManager, on_demand: bool, by_priority: bool):
+        self.block_manager = block_manager
+        self.block_size = block_manager.block_size
         self.on_demand = on_demand  # KV allocated as sequences grow (not reserved up front)
-        self.caching = caching
+        self.caching = block_manager.enable_caching
         self.by_priority = by_priority  # running is sorted by priority, then admission
         self.step = 0  # steps applied so far; the next step to run has this index
         self.ends: list[float] = []  # the end time of every step applied
         self.rows: dict[str, _Row] = {}
-        self.others: dict[str, Request] = {}  # running, not deferred (chunks left), by admission
+        self.others: dict[str, Request] = {}  # running, not a row (chunks left), by admission
         self.keys: dict[str, object] = {}  # every running request's place in the running queue
         self._order = itertools.count()
         self.k_sum = 0
@@ -67,7 +66,7 @@ class DeferredDecodes:
         # Rows by the step (mod block_size) at which each needs a new block: a row of length
         # k + s at step s does when its KV (k + s - 1 tokens) fills its last. Running order
         # within each; rows that left are dropped as they are met.
-        self._due: list[list[_Row]] = [[] for _ in range(block_size)]
+        self._due: list[list[_Row]] = [[] for _ in range(self.block_size)]
         self._events: list[tuple[int, object, int, _Row]] = []  # (step, key, kind, row)
         self.counted = False  # whether the plan being built holds the rows in its totals
 
@@ -79,15 +78,22 @@ class DeferredDecodes:
         self.keys[request.request_id] = (request.priority, order) if self.by_priority else order
         self.others[request.request_id] = request
 
-    def defer(self, request: Request) -> None:
+    def adopt(self, requests: list[Request]) -> None:
+        """Of the requests a step listed (and update applied), those still running that now
+        decode (KV for all but their last token) are rows from the next step on."""
+        for request in requests:
+            if (request.request_id in self.others
+                    and request.num_computed_tokens + 1 == request.num_tokens):
+                self._add_row(request)
+
+    def _add_row(self, request: Request) -> None:
         """request, applied up to this step, decodes from the next one on."""
         rid = request.request_id
         del self.others[rid]
         start = self.step  # (update has moved the step on already)
         k = request.num_tokens - start
         key = self.keys[rid]
-        row = _Row(request, key, start, k, num_shareable_blocks(request, self.block_size),
-                   self.block_table(rid) if self.on_demand else None)
+        row = _Row(request, key, start, k, num_shareable_blocks(request, self.block_size))
         self.rows[rid] = row
         self.k_sum += k
         heapq.heappush(self._k_max, (-k, key, row))
@@ -106,8 +112,8 @@ class DeferredDecodes:
         heapq.heappush(self._events, (start + remaining - 1, key, _FINISH, row))
 
     def leave(self, request: Request, plan: BatchPlan | None = None) -> None:
-        """request stops running now (preempted, aborted): its state catches up to the
-        steps applied, and the plan being built (if it counted the row) lets it go."""
+        """request stops running now (finished, preempted, aborted): its state catches up to
+        the steps applied, and the plan being built (if it counted the row) lets it go."""
         rid = request.request_id
         self.keys.pop(rid, None)
         if self.others.pop(rid, None) is not None:
@@ -121,10 +127,10 @@ class DeferredDecodes:
             plan.decode_seqs -= 1
             plan.num_sampled -= 1
             plan.decode_context -= length
-            plan.deferred_decodes -= 1
+            plan.unlisted_decodes -= 1
 
     def _drop(self, row: _Row, upto: int) -> None:
-        """Catch row up with steps [start, upto) and stop deferring it."""
+        """Catch row up with steps [start, upto) and stop fast-forwarding it."""
         request = row.request
         row.alive = False
         del self.rows[request.request_id]
@@ -135,21 +141,15 @@ class DeferredDecodes:
             self._k_max = [e for e in self._k_max if e[2].alive]
             heapq.heapify(self._k_max)
 
-    def running_others(self) -> list[Request]:
-        """The running requests that are not deferred, in running order."""
-        others = list(self.others.values())
-        if self.by_priority:
-            others.sort(key=lambda r: self.keys[r.request_id])
-        return others
-
     # ---- one step ------------------------------------------------------------------------
 
-    def schedule(self, plan: BatchPlan, try_allocate: Callable[[str, int], bool],
-                 make_room: MakeRoom) -> int:
-        """Allocate the blocks rows need this step (in running order; make_room evicts when
-        try_allocate finds the pool short), then count every row in the plan's decode
-        totals; returns the number of rows (one token each)."""
-        self.allocate(try_allocate, make_room, plan)
+    def schedule_running(self, plan: BatchPlan, budget: int, make_room: MakeRoom,
+                         chunk_room: MakeRoom | None) -> int:
+        """The scheduler's running requests from `budget` tokens: every row in the plan's
+        decode totals (after the blocks rows need this step, make_room evicting when the
+        pool is short), then the others' prompt chunks (sim.engine.batch_plan.add_chunks,
+        given chunk_room). Returns the budget left."""
+        self.allocate(make_room, plan)
         self.counted = True
         n, context, context_max = self.decode_totals()
         if n:
@@ -157,14 +157,21 @@ class DeferredDecodes:
             plan.num_sampled += n
             plan.decode_context += context
             plan.decode_context_max = max(plan.decode_context_max, context_max)
-            plan.deferred_decodes = n
-        return n
+            plan.unlisted_decodes = n
+        budget -= n
+        if self.others:
+            others = list(self.others.values())
+            if self.by_priority:
+                others.sort(key=lambda r: self.keys[r.request_id])
+            budget = add_chunks(plan, others, budget, chunk_room)
+        return budget
 
-    def allocate(self, try_allocate: Callable[[str, int], bool], make_room: MakeRoom,
-                 plan: BatchPlan) -> None:
-        """Give the rows that fill their last block this step a new one, in running order."""
+    def allocate(self, make_room: MakeRoom, plan: BatchPlan | None) -> None:
+        """Give the rows that fill their last block this step a new one, in running order
+        (make_room, given plan, when the pool is short)."""
         step = self.step
         rows = self._due[step % self.block_size]
+        try_allocate = self.block_manager.try_allocate
         left = False
         for row in rows:
             if row.alive:
@@ -176,31 +183,25 @@ class DeferredDecodes:
         if left:
             rows[:] = [row for row in rows if row.alive]
 
-    def allocate_steps(self, skip: int, count: int,
-                       take_blocks: Callable[[int], list[int] | None]) -> list[int] | None:
+    def allocate_steps(self, skip: int, count: int) -> list[int] | None:
         """`allocate` for the `count` steps from this one on, the first `skip` of them
-        already given theirs, with one call to take_blocks (BlockManager.take_blocks: the
-        blocks one allocation at a time would take, in order); how many blocks the steps
-        took up to each one's, or None when the pool ran short (none taken). Only for
-        steps no row event ends before the last of (steps_before_event): until the last
-        one's end no row leaves and no block is freed. A due row needs exactly one block: on
-        demand, its table holds the blocks of its computed tokens and no more."""
+        already given theirs, in one call to the block manager (the blocks one allocation
+        at a time would take, in order); how many blocks the steps took up to each one's,
+        or None when the pool ran short (none taken). Only for steps no row event ends
+        before the last of (steps_before_event): until the last one's end no row leaves
+        and no block is freed. A due row needs exactly one block: on demand, its table
+        holds the blocks of its computed tokens and no more."""
         step, due, bs = self.step, self._due, self.block_size
-        tables: list[list[int]] = []
+        grown: list[str] = []
         taken = [0] * skip
         for s in range(step + skip, step + count):
             rows = due[s % bs]
-            grown = [row.table for row in rows if row.alive]
-            if len(grown) != len(rows):  # rows that left are dropped as they are met
+            ids = [row.request.request_id for row in rows if row.alive]
+            if len(ids) != len(rows):  # rows that left are dropped as they are met
                 rows[:] = [row for row in rows if row.alive]
-            tables += grown
-            taken.append(len(tables))
-        blocks = take_blocks(len(tables))
-        if blocks is None:
-            return None
-        for table, block in zip(tables, blocks, strict=True):
-            table.append(block)
-        return taken
+            grown += ids
+            taken.append(len(grown))
+        return taken if self.block_manager.add_blocks(grown) else None
 
     def steps_before_event(self) -> int:
         """Steps from this one on whose end changes no row (no block registered, no row
@@ -215,7 +216,7 @@ class DeferredDecodes:
         self.counted = False
 
     def decode_totals(self) -> tuple[int, int, int]:
-        """This step's deferred rows: how many, the sum of their lengths, the longest."""
+        """This step's rows: how many, the sum of their lengths, the longest."""
         n = len(self.rows)
         if not n:
             return 0, 0, 0
@@ -225,25 +226,25 @@ class DeferredDecodes:
         step = self.step
         return n, self.k_sum + n * step, step - k_max[0][0]
 
-    def quiet_steps(self, limit: int, free_blocks: int) -> int:
-        """How many steps from this one (at most limit) only decode the deferred rows, with
-        nothing happening to any row but a new block that the pool is sure to hold, except
-        at the end of the last: 0 while a row is not deferred (a prefill chunk runs) or none
-        is."""
+    def steps_ahead(self, limit: int) -> int:
+        """How many steps from this one (at most limit) only decode the rows, with nothing
+        happening to any row but a new block that the pool is sure to hold, except at the
+        end of the last: 0 while a running request is not a row (a prefill chunk runs) or
+        none is. (The scheduler's waiting queue is the caller's to check.)"""
         n = len(self.rows)
         if self.others or not n:
             return 0
         if self._events:  # rows finish or register cached blocks at the last step's end
             limit = min(limit, self._events[0][0] - self.step + 1)
         if self.on_demand:  # each row takes at most one block per block_size steps
-            limit = min(limit, free_blocks // n * self.block_size)
+            limit = min(limit, self.block_manager.num_free_blocks // n * self.block_size)
         return max(limit, 0)
 
-    def update(self, now: float, cache_blocks: Callable[[Request, int], None]) -> list[Request]:
+    def update(self, now: float) -> list[Request]:
         """Apply the step that ended at `now` to the rows: block registrations in running
-        order, and returns the rows that reached max_new_tokens (caught up, no longer
-        deferred; finishing them after the registrations changes nothing: freeing a block
-        neither adds nor drops a cache key). Rows deferred from here on start at the next."""
+        order, and returns the rows that reached max_new_tokens (caught up, no longer rows;
+        finishing them after the registrations changes nothing: freeing a block neither
+        adds nor drops a cache key). Rows adopted from here on start at the next."""
         step, events, bs = self.step, self._events, self.block_size
         finished = []
         self.ends.append(now)
@@ -253,7 +254,7 @@ class DeferredDecodes:
                 continue
             if kind == _CACHE:
                 computed = row.k + step
-                cache_blocks(row.request, computed)
+                self.block_manager.cache_blocks(row.request, computed)
                 # Past the shareable blocks only a preempted row's own recompute could use
                 # more, and cache_blocks registers none of those: no event until it leaves.
                 if computed // bs < row.shareable:

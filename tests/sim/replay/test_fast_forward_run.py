@@ -1,6 +1,7 @@
-"""Quiet runs (sim.replay.coast): decode-only steps priced in one go and applied as time passes them
-decide exactly what stepping one SimPy event at a time decides, also when requests arrive at
-the very instant a step ends, on one engine and in a cluster whose arrivals cut runs short."""
+"""Fast-forward runs (sim.engine.fast_forward_run): decode-only steps priced in one go and applied
+as time passes them decide exactly what stepping one SimPy event at a time decides, also when
+requests arrive at the very instant a step ends, on one engine and in a cluster whose arrivals
+cut runs short."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
+from sim.engine import fast_forward_run
 from sim.engine.core import Request
 from sim.engine.scheduler import SchedulerConfig
-from sim.replay import coast
-from tests.sim.engine.test_deferred import replay
+from tests.sim.engine.test_fast_forward import replay
 
 STEP_S = 1 / 64  # exact in binary: step ends and arrivals on one grid meet exactly
 
@@ -30,9 +31,10 @@ def grid_workload(n: int, seed: int, max_gap: int) -> list[Request]:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """How many quiet runs started and how many an arrival cut."""
+    """How many fast-forward runs started and how many an arrival cut."""
     counts = {"runs": 0, "cuts": 0}
-    start, cut = coast.QuietRun.start.__func__, coast.QuietRun.cut
+    run_class = fast_forward_run.FastForwardRun
+    start, cut = run_class.start.__func__, run_class.cut
 
     def counting_start(cls, *args, **kwargs):
         run = start(cls, *args, **kwargs)
@@ -43,8 +45,8 @@ def counted(monkeypatch):
         counts["cuts"] += 1
         cut(self, now)
 
-    monkeypatch.setattr(coast.QuietRun, "start", classmethod(counting_start))
-    monkeypatch.setattr(coast.QuietRun, "cut", counting_cut)
+    monkeypatch.setattr(run_class, "start", classmethod(counting_start))
+    monkeypatch.setattr(run_class, "cut", counting_cut)
     return counts
 
 
@@ -60,10 +62,10 @@ def ties(requests: list[Request], steps) -> int:
 ], ids=["chunked", "priority, small pool"])
 def test_one_engine_with_arrivals_on_step_ends(config, counted):
     backend = ConstantBackend(step_s=STEP_S)
-    coasted = replay(backend, config, grid_workload(300, 1, 12), None, True)
+    fast = replay(backend, config, grid_workload(300, 1, 12), None, True)
     assert counted["runs"] > 100
     listed = replay(backend, config, grid_workload(300, 1, 12), None, False)
-    assert coasted == listed
+    assert fast == listed
     assert ties(grid_workload(300, 1, 12), listed[1]) > 100
 
 
@@ -73,10 +75,10 @@ def test_a_cluster_with_arrivals_on_step_ends(router, counted):
     config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
                              num_blocks=40)  # preempts
     cluster = ClusterConfig(num_replicas=3, router=RouterConfig(router))
-    coasted = replay(backend, config, grid_workload(400, 2, 6), cluster, True)
+    fast = replay(backend, config, grid_workload(400, 2, 6), cluster, True)
     assert counted["runs"] > 100 and counted["cuts"] > 50
     listed = replay(backend, config, grid_workload(400, 2, 6), cluster, False)
-    assert coasted == listed
+    assert fast == listed
     assert ties(grid_workload(400, 2, 6), listed[1]) > 100
     assert sum(s.num_preempted for steps in listed[1] for s in steps) > 0
 
@@ -95,9 +97,9 @@ def test_a_cluster_of_cost_models_cuts_runs_and_decides_the_same(counted):
         return [Request(r.request_id, r.arrival_s, r.prompt_len, r.max_new_tokens,
                         prefix_hash_ids=r.prefix_hash_ids) for r in requests]
 
-    coasted = replay(backend, config, fresh(), cluster, True)
+    fast = replay(backend, config, fresh(), cluster, True)
     assert counted["runs"] > 100 and counted["cuts"] > 50
-    assert coasted == replay(backend, config, fresh(), cluster, False)
+    assert fast == replay(backend, config, fresh(), cluster, False)
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
@@ -105,17 +107,17 @@ def test_a_cluster_of_cost_models_cuts_runs_and_decides_the_same(counted):
 def test_a_pd_cluster_whose_hand_offs_cut_decode_runs_decides_the_same(router, link, counted):
     """A decode engine's requests come from KV transfers, not the arrival process: a transfer
     that ends as a decode step ends (instant ones end on the step grid) is seen by the step
-    after it, with quiet runs as without."""
+    after it, with fast-forward runs as without."""
     backend = ConstantBackend(step_s=STEP_S)
     config = SchedulerConfig(policy="chunked", token_budget=128, max_num_seqs=16,
                              num_blocks=60)  # preempts
     # 4096 bytes a token over 0.4 Gb/s: a prompt's transfer takes 0.08 ms a token.
     cluster = ClusterConfig(router=RouterConfig(router), num_prefill=2, num_decode=3,
                             kv_link_gbps=0.4, kv_bytes_per_token=link)
-    coasted = replay(backend, config, grid_workload(400, 3, 6), cluster, True)
+    fast = replay(backend, config, grid_workload(400, 3, 6), cluster, True)
     assert counted["runs"] > 100 and counted["cuts"] > 50
     listed = replay(backend, config, grid_workload(400, 3, 6), cluster, False)
-    assert coasted == listed
+    assert fast == listed
     if not link:  # hand-offs at the end of a prefill step, on the grid of decode steps
         prefill_ends = {s.start_s + s.duration_s for steps in listed[1][:2] for s in steps}
         decode_ends = {s.start_s + s.duration_s for steps in listed[1][2:] for s in steps}
@@ -137,8 +139,8 @@ def test_a_pd_cluster_with_prefix_caching_and_priorities_decides_the_same(counte
                         priority=r.priority, prefix_hash_ids=(i % 3, 100 + i))
                 for i, r in enumerate(grid_workload(400, 4, 4))]
 
-    coasted = replay(backend, config, requests(), cluster, True)
+    fast = replay(backend, config, requests(), cluster, True)
     assert counted["runs"] > 100 and counted["cuts"] > 50
     listed = replay(backend, config, requests(), cluster, False)
-    assert coasted == listed
+    assert fast == listed
     assert sum(hits for _, hits in listed[2][2:]) > 0  # decode engines hit their caches

@@ -1,8 +1,8 @@
-"""Deferred decode rows (sim.engine.deferred) change how fast the simulator decides, not what.
+"""A decode fast-forward (sim.engine.fast_forward) changes how fast the simulator decides, not what.
 
-Each case replays one workload twice, once with the decode rows deferred and once with every
-row listed (defer_decodes=False), and requires identical token times, finishes, preemptions,
-cache hits and per-step records.
+Each case replays one workload twice, once with the decode rows fast-forwarded and once with
+every row listed (Engine.allow_fast_forward=False), and requires identical token times,
+finishes, preemptions, cache hits and per-step records.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig, run_cluster
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
+from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request, StepResult
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
@@ -22,7 +23,7 @@ from workloads.trace import PREFIX_BLOCK_TOKENS
 
 
 class RowReading:
-    """The same backend, declared to read every row (so nothing is deferred)."""
+    """The same backend, declared to read every row (so nothing is fast-forwarded)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -73,14 +74,14 @@ def outcome(requests: list[Request], engines: list[Engine]) -> tuple:
 
 
 def replay(backend, config: SchedulerConfig, requests: list[Request],
-           cluster: ClusterConfig | None, defer: bool) -> tuple:
-    engines = [Engine(Scheduler(config), backend)
+           cluster: ClusterConfig | None, fast_forward: bool) -> tuple:
+    engines = [Engine(Scheduler(config), backend, allow_fast_forward=fast_forward)
                for _ in range(cluster.num_engines if cluster else 1)]
     if cluster:
-        run_cluster(requests, engines, cluster, defer_decodes=defer)
+        run_cluster(requests, engines, cluster)
     else:
-        run_trace(requests, engines[0], defer_decodes=defer)
-    assert all(e.scheduler.deferring == defer for e in engines)
+        run_trace(requests, engines[0])
+    assert all((e.scheduler.fast_forward is not None) == fast_forward for e in engines)
     return outcome(requests, engines)
 
 
@@ -101,41 +102,73 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_one_engine_decides_the_same_with_rows_deferred(name, seed):
+def test_one_engine_decides_the_same_with_rows_fast_forwarded(name, seed):
     config = SchedulerConfig(**{"num_blocks": 2000, **CASES[name]})
     caching = config.enable_prefix_caching
-    seen_deferred, seen_listed = Totals(), Totals()
-    deferred = replay(seen_deferred, config, workload(150, 40, seed, 3 * caching), None, True)
+    seen_fast, seen_listed = Totals(), Totals()
+    fast = replay(seen_fast, config, workload(150, 40, seed, 3 * caching), None, True)
     listed = replay(seen_listed, config, workload(150, 40, seed, 3 * caching), None, False)
-    assert deferred == listed
-    assert seen_deferred.seen == seen_listed.seen  # every plan total a cost model reads
-    preempted = sum(s.num_preempted for s in deferred[1][0])
+    assert fast == listed
+    assert seen_fast.seen == seen_listed.seen  # every plan total a cost model reads
+    preempted = sum(s.num_preempted for s in fast[1][0])
     assert preempted > 0 or "small pool" not in name or config.reserves_full
 
 
 @pytest.mark.parametrize("router", ["least-requests", "least-kv", "prefix-aware"])
-def test_a_cluster_decides_the_same_with_rows_deferred(router):
+def test_a_cluster_decides_the_same_with_rows_fast_forwarded(router):
     backend = AnalyticCostModel.preset("llama-3-8b", "a100-80gb")
     config = SchedulerConfig(policy="chunked", num_blocks=300, enable_prefix_caching=True)
     cluster = ClusterConfig(num_replicas=3, router=RouterConfig(router))
-    deferred = replay(backend, config, workload(300, 60, 7, prefixes=4), cluster, True)
+    fast = replay(backend, config, workload(300, 60, 7, prefixes=4), cluster, True)
     listed = replay(backend, config, workload(300, 60, 7, prefixes=4), cluster, False)
-    assert deferred == listed
+    assert fast == listed
 
 
-def test_disaggregated_cluster_decides_the_same_with_rows_deferred():
+def test_disaggregated_cluster_decides_the_same_with_rows_fast_forwarded():
     backend = AnalyticCostModel.preset("llama-3-8b", "h100")
     config = SchedulerConfig(policy="chunked", num_blocks=120)  # decode engines preempt
     cluster = ClusterConfig(router=RouterConfig("least-requests"), num_prefill=1,
                             num_decode=3, kv_link_gbps=10.0, kv_bytes_per_token=131072)
-    deferred = replay(backend, config, workload(200, 30, 3), cluster, True)
+    fast = replay(backend, config, workload(200, 30, 3), cluster, True)
     listed = replay(backend, config, workload(200, 30, 3), cluster, False)
-    assert deferred == listed
+    assert fast == listed
 
 
-def test_deferral_is_off_where_rows_are_read_and_for_per_row_policies():
-    assert not Engine(Scheduler(SchedulerConfig()), RowReading(ConstantBackend())).defer_decodes()
+def test_fast_forward_is_off_where_rows_are_read_for_per_row_policies_and_when_disallowed():
+    engine = Engine(Scheduler(SchedulerConfig()), RowReading(ConstantBackend()))
+    assert not engine.start_fast_forward()
     for config in (SchedulerConfig(policy="static"), SchedulerConfig(queue="fair"),
                    SchedulerConfig(preemption="swap", swap_space_blocks=10)):
-        assert not Engine(Scheduler(config), ConstantBackend()).defer_decodes()
-    assert Engine(Scheduler(SchedulerConfig()), ConstantBackend()).defer_decodes()
+        assert not Engine(Scheduler(config), ConstantBackend()).start_fast_forward()
+    engine = Engine(Scheduler(SchedulerConfig()), ConstantBackend(), allow_fast_forward=False)
+    assert not engine.start_fast_forward()
+    assert engine.scheduler.fast_forward is None
+    assert Engine(Scheduler(SchedulerConfig()), ConstantBackend()).start_fast_forward()
+
+
+def test_fast_forward_must_start_before_the_first_request():
+    engine = Engine(Scheduler(SchedulerConfig()), ConstantBackend())
+    engine.add(Request("r0", 0.0, 10, 5))
+    with pytest.raises(RuntimeError, match="before the first request"):
+        engine.start_fast_forward()
+
+
+def test_add_blocks_gives_the_blocks_one_block_allocations_would_and_nothing_when_short():
+    def pool() -> BlockManager:
+        bm = BlockManager(num_blocks=10, block_size=4)
+        for rid, tokens in (("a", 8), ("x", 12), ("b", 4)):
+            bm.allocate(rid, tokens)
+        bm.free("x")  # three empty blocks, reused top of the stack first, then fresh ones
+        return bm
+
+    bulk, single = pool(), pool()
+    assert bulk.add_blocks(["a", "b", "a", "b"])
+    for rid, tokens in (("a", 12), ("b", 8), ("a", 16), ("b", 12)):
+        single.allocate(rid, tokens)
+    for rid in ("a", "b"):
+        assert bulk.block_table(rid) == single.block_table(rid)
+    bulk.check()
+    before = {rid: list(bulk.block_table(rid)) for rid in ("a", "b")}
+    assert not bulk.add_blocks(["a"] * (bulk.num_free_blocks + 1))
+    assert {rid: bulk.block_table(rid) for rid in ("a", "b")} == before
+    bulk.check()
