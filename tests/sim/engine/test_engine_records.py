@@ -11,7 +11,7 @@ from pathlib import Path
 from sim.engine.step import StepRecord
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("sim", "serve", "executor", "calibration", "sweeps", "reporting", "servelab")
+PACKAGES = ("sim", "executor", "servelab")
 
 
 def _record_calls(tree: ast.AST) -> list[ast.Call]:
