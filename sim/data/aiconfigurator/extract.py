@@ -257,6 +257,8 @@ def extract(mirror: Mirror, out_dir: Path = HERE) -> dict:
                 "license_file": "LICENSE", "systems_path": SYSTEMS, "gpus": {}}
     for gpu, system in GPUS.items():
         folder = out_dir / gpu
+        for stale in folder.glob("*.parquet"):  # a table upstream no longer has goes too
+            stale.unlink()
         entry = {"system": system, "tables": {}}
         for name, family, table, reduce in VLLM_TABLES:
             frame, versions = _extract_vllm_table(mirror, system, name, family, table, reduce)
