@@ -5,12 +5,12 @@ The target: a 1,000,000-request synthetic trace over 32 replicas behind a router
 best existing simulator on the same machine class). The trace has azure-conv's lengths
 (resampled whole rows) and Poisson arrivals at `--rate-per-replica` x replicas; the
 deployment is Llama-3-8B on one H100 per replica, chunked prefill, priced by the fitted GPU
-model (`--cost roofline`: the analytic roofline, to compare the two's cost). Prints the wall
-time of the replay alone and its cost per request, per engine step and per token. `--listed`
-lists every decode row in every plan instead of fast-forwarding them (sim.engine.fast_forward),
-and so prices no run of decode-only steps in bulk either (sim.engine.fast_forward_run): the
-same results, the cost both save. `--pd P:D` replays P prefill and D decode engines instead
-of the replicas (the rate follows P + D).
+model (`--cost roofline`: the analytic roofline; `--cost kernels`: vLLM's measured kernels; to
+compare their cost). Prints the wall time of the replay alone and its cost per request, per
+engine step and per token. `--listed` lists every decode row in every plan instead of
+fast-forwarding them (sim.engine.fast_forward), and so prices no run of decode-only steps in bulk
+either (sim.engine.fast_forward_run): the same results, the cost both save. `--pd P:D` replays P
+prefill and D decode engines instead of the replicas (the rate follows P + D).
 
     python benchmarks/cluster_scale.py [--requests 1000000] [--replicas 32] [--listed]
         [--pd P:D]
@@ -25,6 +25,8 @@ from executor.loading import cpu_model
 from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig, run_cluster
 from sim.cost.gpu_cost import gpu_cost_backend
+from sim.cost.kernel_cost import kernel_cost_backend
+from sim.cost.kernel_tables import KernelTables
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
@@ -44,8 +46,9 @@ def main() -> None:
     parser.add_argument("--router", default="least-requests")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--listed", action="store_true", help="list every decode row")
-    parser.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
-                        help="cost model pricing the steps (compare the two's speed)")
+    parser.add_argument("--cost", default="gpu", choices=("gpu", "kernels", "roofline"),
+                        help="cost model pricing the steps (compare their speed; kernels: "
+                             "vLLM's measured kernels, sim.cost.kernel_cost)")
     parser.add_argument("--pd", metavar="P:D", help="prefill and decode engines instead")
     args = parser.parse_args()
     prefill, decode = map(int, args.pd.split(":")) if args.pd else (0, 0)
@@ -61,6 +64,8 @@ def main() -> None:
     requests = requests_from_trace(open_trace(spec, seed=args.seed))
     built_s = time.perf_counter() - start
     backend = (roofline if args.cost == "roofline"
+               else kernel_cost_backend(roofline.model, roofline.hardware,
+                                        KernelTables.load("h100")) if args.cost == "kernels"
                else gpu_cost_backend(roofline.model, roofline.hardware))
     config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
     replicas = [Engine(Scheduler(config), backend, allow_fast_forward=not args.listed)

@@ -10,6 +10,7 @@ from typing import Any
 
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import (
+    COSTS,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DTYPE_NAMES,
     Deployment,
@@ -200,9 +201,14 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
                             "exchanged around each MoE layer (vLLM's expert parallel)")
-    group.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
-                       help="gpu: the operator model fitted on published GPU profiles "
-                            "(default); roofline: the analytic roofline")
+    group.add_argument("--cost", default="auto", choices=COSTS,
+                       help="auto (default): vLLM's measured kernels where the GPU has "
+                            "tables (docs/kernels.md), else the fitted model; kernels: the "
+                            "measured kernels or an error; gpu: the operator model fitted "
+                            "on published GPU profiles; roofline: the analytic roofline")
+    group.add_argument("--vllm-version", default=None,
+                       help="the vLLM version whose measured kernels price steps (default: "
+                            "the newest measured on the GPU)")
     group.add_argument("--gpu-memory-utilization", type=float,
                        default=DEFAULT_GPU_MEMORY_UTILIZATION,
                        help="fraction of each GPU's memory for weights, activations and KV "
@@ -226,7 +232,8 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost,
-        quantization=args.quantization, **_profile_limits(args))
+        quantization=args.quantization, vllm_version=args.vllm_version,
+        **_profile_limits(args))
 
 
 def _profile_limits(args: argparse.Namespace) -> dict[str, int]:

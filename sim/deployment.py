@@ -14,6 +14,8 @@ from typing import Any
 from sim.cost.calibrated import CalibratedCostModel
 from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.gpu_terms import coverage as gpu_coverage
+from sim.cost.kernel_cost import kernel_cost_backend
+from sim.cost.kernel_tables import KernelTableError, KernelTables, measured_versions
 from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel
 from sim.engine.core import Backend
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
@@ -24,6 +26,9 @@ from sim.specs.model_specs import ModelSpec
 DEFAULT_MAX_MODEL_LEN = 8192  # servelab's cap on the model's own context by default
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
 DEFAULT_BLOCK_SIZE = 16  # vLLM's block_size on CUDA
+# --cost values: auto prices with vLLM's measured kernels where the GPU and version have
+# tables (sim.cost.kernel_tables), else with the fitted model; kernels insists on tables.
+COSTS = ("auto", "kernels", "gpu", "roofline")
 
 # vLLM's --dtype values and servelab's, as the cost model names them. `auto` takes the
 # checkpoint's dtype, bf16 for every model servelab ships.
@@ -57,8 +62,11 @@ class DeploymentOptions:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 256
     cost_model: Path | None = None  # a calibration instead of the analytic model
-    cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
+    # What prices steps (COSTS): auto (vLLM's measured kernels where the GPU has tables,
+    # else the fitted model), kernels, gpu (fitted on GPU profiles) or roofline.
+    cost: str = "auto"
     quantization: str | None = None  # vLLM's --quantization: fp8, or None (weights in dtype)
+    vllm_version: str | None = None  # the kernel tables' vLLM version (None: newest measured)
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,7 @@ class Deployment:
     # way to them. Sorted (name, value) pairs; empty for the analytic model.
     server_limits: tuple[tuple[str, Any], ...] = ()
     quantization: str | None = None  # fp8: linear weights in one byte (QUANTIZATIONS)
+    vllm_version: str | None = None  # the vLLM version whose kernel tables price steps
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -140,6 +149,7 @@ class Deployment:
             "max_model_len": self.max_model_len,
             "cost_model": type(self.cost_model).__name__,
             "quantization": self.quantization,
+            "vllm_version": self.vllm_version,
             "server_limits": dict(self.server_limits),
         }
 
@@ -174,8 +184,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_memory_utilization=utilization, gpu_memory_bytes=hardware.memory_bytes,
         gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
-    priced, pricing = _pricing(options.cost, cost, model, hardware, parallel,
-                               options.quantization)
+    priced, pricing, vllm_version = _pricing(options, cost, model, hardware, parallel, dtype)
     if model.is_mla:
         pricing += ("; latent attention priced with the attention terms fitted on standard "
                     "attention (extrapolated)")
@@ -185,7 +194,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",
-                      quantization=options.quantization)
+                      quantization=options.quantization, vllm_version=vllm_version)
 
 
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
@@ -200,22 +209,41 @@ def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
                               parallel.data_parallel, parallel.expert_parallel)
 
 
-def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware: HardwareSpec,
-             parallel: Parallelism, quantization: str | None) -> tuple[Backend, str]:
-    """The cost model `name` picks (the roofline sizes the pool either way), and a line
-    naming it and, for the fitted one, whether GPU, model and shapes lie in its data."""
+def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: ModelSpec,
+             hardware: HardwareSpec, parallel: Parallelism,
+             dtype: str) -> tuple[Backend, str, str | None]:
+    """The cost model --cost picks (the roofline sizes the pool either way), a line naming
+    it (for the measured kernels, their GPU, vLLM version and source; for the fitted one,
+    whether GPU, model and shapes lie in its data), and the kernel tables' vLLM version."""
+    name, quantization = options.cost, options.quantization
+    if name not in COSTS:
+        raise ValueError(f"--cost {name!r}: choose {', '.join(COSTS)}")
+    if options.vllm_version and name not in ("auto", "kernels"):
+        raise ValueError(f"--vllm-version picks measured kernels; --cost {name} has none "
+                         "(use --cost auto or kernels)")
     if name == "roofline":
-        return roofline, "roofline"
-    if name != "gpu":
-        raise ValueError(f"--cost {name!r}: choose gpu or roofline")
+        return roofline, "roofline", None
     ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
+    fallback = ""
+    if name in ("auto", "kernels"):
+        try:
+            tables = KernelTables.load(hardware.name, options.vllm_version)
+            kernels = kernel_cost_backend(model, hardware, tables, parallel.tensor_parallel,
+                                          expert_parallel=ep, dtype=dtype,
+                                          quantization=quantization)
+            return kernels, f"vllm-kernels: {kernels.describe()}", tables.vllm_version
+        except KernelTableError as error:
+            # Asked for by name, or a version the GPU was not measured at: say so.
+            if name == "kernels" or (options.vllm_version and measured_versions(hardware.name)):
+                raise ValueError(f"--cost {name}: {error}") from None
+            fallback = f"no measured vLLM kernels ({error}): extrapolated from the datasheet; "
     fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
                               quantization=quantization)
-    line = f"gpu-fitted: {gpu_coverage(model.name, hardware.name, 2048)}"
+    line = f"gpu-fitted: {fallback}{gpu_coverage(model.name, hardware.name, 2048)}"
     if quantization:
         line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
                  "(extrapolated)")
-    return fitted, line
+    return fitted, line, None
 
 
 def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> str:

@@ -95,16 +95,22 @@ class LayerCost:
             kv_dim = self._kv_dim
             layer = self._linear(tokens, h, q_dim + 2 * kv_dim) + self._linear(tokens, q_dim, h)
         layer += self.mlp_s(tokens)
-        # Two fused add+RMSNorms (or norms and adds), RoPE on q and k, (Qwen3) q/k norms.
-        layer += 2 * self._small(4 * tokens * h * b)
-        if not s.fused_add_norm:
-            layer += 2 * self._small(3 * tokens * h * b)
-        if s.rope:
-            layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
-        if s.qk_norm:
-            layer += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        layer = self.plus_norms_rope_s(layer, tokens, kv_dim)
         # Row-parallel O-proj and down-proj each all-reduce [tokens, hidden].
         return layer + 2 * t.allreduce_s(tokens * h * b, tp)
+
+    def plus_norms_rope_s(self, out: float, tokens: int, kv_dim: int) -> float:
+        """`out` plus a layer's two fused add+RMSNorms (or norms and adds), RoPE on q and k
+        over `kv_dim`-wide keys, and (Qwen3) the q/k norms (added in this order)."""
+        s, b, h, q_dim = self.shapes, self.dtype_bytes, self.shapes.hidden_size, self._q_dim
+        out += 2 * self._small(4 * tokens * h * b)
+        if not s.fused_add_norm:
+            out += 2 * self._small(3 * tokens * h * b)
+        if s.rope:
+            out += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        if s.qk_norm:
+            out += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        return out
 
     def context_s(self, plan: BatchPlan) -> float:
         """kv_b over the cached context of a step's prefill chunks (vLLM's MLA prefill

@@ -1,0 +1,252 @@
+"""Step times from vLLM's own measured kernels: every layer's GEMMs, attention, MoE and
+all-reduces read from tables of one GPU and vLLM version (sim.cost.kernel_tables).
+
+A step's time is, per layer: the QKV and O GEMMs, prefill attention over each chunk's
+context and decode attention by rows and mean KV length, the MLP's GEMMs or the fused-MoE
+layer at its tokens, two all-reduces of [tokens, hidden] (vLLM's custom all-reduce below
+its size limit, NCCL above); then the LM head GEMM over the rows that sample. Norms, RoPE,
+activations, FP8 activation quantization and the sampler have no table: they keep the
+fitted model's small-op and sampler terms, as does the engine's host time
+(sim.cost.engine_overhead). The step adds up as the fitted model's does (GpuCostModel),
+so everything that drives that model drives this one.
+"""
+
+from __future__ import annotations
+
+from sim.cost.engine_overhead import EngineOverhead, load_engine
+from sim.cost.gpu_cost import GpuCostModel
+from sim.cost.gpu_shapes import GpuPeaks, LayerShapes
+from sim.cost.kernel_curves import Curve
+from sim.cost.kernel_tables import KernelTableError, KernelTables
+from sim.engine.core import BatchPlan
+from sim.specs.hardware import HardwareSpec
+from sim.specs.model_specs import ModelSpec
+
+MS = 1e-3  # tables hold milliseconds
+
+
+def gemm_quant(quantization: str | None, dtype: str, measured: list[str]) -> str:
+    """The GEMM table that prices a deployment's linear layers: fp8 under --quantization
+    fp8, else the 16-bit dtype's (fp16 runs the same tensor-core rate as bf16, so an fp16
+    deployment reads bf16's table where fp16 was not measured). KernelTableError when the
+    table is missing or the quantization has none."""
+    if quantization not in (None, "fp8"):
+        raise KernelTableError(f"quantization {quantization!r}: the kernel tables price "
+                               "16-bit and fp8 linear layers only")
+    want = "fp8" if quantization else dtype
+    if want == "fp16" and "fp16" not in measured:
+        want = "bf16"
+    if want not in measured:
+        raise KernelTableError(f"no {want} GEMMs measured (tables hold "
+                               f"{', '.join(measured) or 'none'})")
+    return want
+
+
+class KernelCostModel(GpuCostModel):
+    """A GpuCostModel whose GEMMs, attention, MoE layers and all-reduces are vLLM's
+    measured kernels (tables) instead of fitted efficiencies."""
+
+    name = "vllm-kernels"
+
+    def __init__(self, shapes: LayerShapes, peaks: GpuPeaks, engine: EngineOverhead,
+                 tables: KernelTables, tensor_parallel: int = 1, expert_parallel: int = 1,
+                 dtype: str = "bf16", quantization: str | None = None) -> None:
+        super().__init__(shapes, peaks, engine, tensor_parallel, expert_parallel,
+                         dtype_bytes=2, quantization=quantization)
+        if shapes.kv_lora_rank:
+            raise KernelTableError(f"{shapes.name}: latent attention (MLA) is not priced "
+                                   "from the kernel tables")
+        self.tables = tables
+        self.notes: list[str] = []  # shapes priced from a neighbour, for the description
+        quant = gemm_quant(quantization, dtype, tables.gemm_quants())
+        base = gemm_quant(None, dtype, tables.gemm_quants())  # lm_head and router: 16-bit
+        s, tp, h = shapes, tensor_parallel, shapes.hidden_size
+        self._qkv = tables.gemm(quant, self._q_dim + 2 * self._kv_dim, h)
+        self._o = tables.gemm(quant, h, self._q_dim)
+        self._lm_head = tables.gemm(base, s.vocab_size // tp, h)
+        self._mlp_curves(quant, base)
+        # A GPU file's own measured all-reduces (--gpu-file) beat the tables, as they beat
+        # the fitted curve (sim.cost.gpu_terms.load_terms puts them in self.terms).
+        own = {n for n, _, _ in peaks.allreduce}
+        self._ar = tables.all_reduce(tp) if tp > 1 and tp not in own else None
+        if tp > 1 and tp in own:
+            self.notes.append(f"all-reduce over {tp} GPUs from the GPU file")
+        self._context, note = tables.context_attention(s.num_heads // tp, self._kv_heads,
+                                                       s.head_dim)
+        self.notes += [note] if note else []
+        self._generation, note = tables.generation_attention(s.num_heads // tp,
+                                                             self._kv_heads, s.head_dim)
+        self.notes += [note] if note else []
+        self._decode_rows: dict[int, Curve] = {}  # decode attention by rows (predict's)
+
+    def _mlp_curves(self, quant: str, base: str) -> None:
+        """The dense MLP's GEMMs; an MoE layer's fused experts, router (16-bit), shared
+        expert and, under expert parallelism across data-parallel ranks, their exchange."""
+        s, tables, tp, h = self.shapes, self.tables, self.tensor_parallel, self.shapes.hidden_size
+        gates = 2 if s.gated_mlp else 1
+        if not s.is_moe or s.num_dense_layers:
+            inter = s.intermediate_size // tp
+            self._dense = (tables.gemm(quant, gates * inter, h), tables.gemm(quant, h, inter))
+        if not s.is_moe:
+            return
+        ep = self.expert_parallel
+        self._moe = tables.moe(quant, h, s.moe_intermediate_size, s.num_experts,
+                               s.experts_per_token, 1 if ep > 1 else tp, ep)
+        self._router = tables.gemm(base, s.num_experts, h)
+        if s.shared_expert_intermediate_size:
+            inter = s.shared_expert_intermediate_size // tp
+            self._shared = (tables.gemm(quant, gates * inter, h), tables.gemm(quant, h, inter))
+        self._exchange = tables.all_reduce(ep) if self.data_parallel > 1 else None
+
+    def describe(self) -> str:
+        """What priced the steps, and any shape priced from a measured neighbour."""
+        return "; ".join([self.tables.describe(), *self.notes])
+
+    # ---- per-token parts (cached by token count in GpuCostModel.predict) ---------------
+
+    def _allreduce_s(self, message_bytes: float) -> float:
+        if self._ar is None:  # one GPU (0), or the GPU file's measurement
+            return self.terms.allreduce_s(message_bytes, self.tensor_parallel)
+        return self._ar(message_bytes) * MS
+
+    def layer_s(self, tokens: int) -> float:
+        """One layer's GEMMs, MLP or MoE, small ops and two all-reduces (no attention)."""
+        h, b = self.shapes.hidden_size, self.dtype_bytes
+        layer = (self._qkv(tokens) + self._o(tokens)) * MS
+        if self.quantization:  # activations quantized before QKV and O
+            layer += self._quantize(tokens * h) + self._quantize(tokens * self._q_dim)
+        layer += self.mlp_s(tokens)
+        layer = self.plus_norms_rope_s(layer, tokens, self._kv_dim)
+        return layer + 2 * self._allreduce_s(tokens * h * b)
+
+    def mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
+        """One layer's MLP averaged over the model's layers: dense GEMMs, or the fused-MoE
+        layer at the tokens its GPU's experts see (every data-parallel rank's under expert
+        parallelism: `group_tokens`, default as many on each rank as here)."""
+        s = self.shapes
+        if not s.is_moe:
+            return self._gated_mlp_s(tokens, self._dense, s.intermediate_size)
+        moe = self.moe_mlp_s(tokens, group_tokens)
+        if not s.num_dense_layers:
+            return moe
+        dense = self._gated_mlp_s(tokens, self._dense, s.intermediate_size)
+        return (s.num_moe_layers * moe + s.num_dense_layers * dense) / s.num_layers
+
+    def _gated_mlp_s(self, tokens: int, gemms: tuple, intermediate: int) -> float:
+        """Up (gate and up) GEMM, activation, down GEMM, on this GPU's share."""
+        s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
+        inter = intermediate // self.tensor_parallel
+        gates = 2 if s.gated_mlp else 1
+        out = (gemms[0](tokens) + gemms[1](tokens)) * MS
+        out += self._small((gates + 1) * tokens * inter * b)
+        if self.quantization:
+            out += self._quantize(tokens * h) + self._quantize(tokens * inter)
+        return out
+
+    def moe_mlp_s(self, tokens: int, group_tokens: int | None = None) -> float:
+        """The router GEMM, the measured fused-MoE layer (routing, experts, combine) at the
+        tokens reaching this GPU, the ranks' exchange and any shared expert."""
+        s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
+        group = tokens * self.data_parallel if group_tokens is None else group_tokens
+        out = (self._router(tokens) + self._moe(group)) * MS
+        if self._exchange is not None:  # all-gather in, reduce-scatter out: one all-reduce
+            out += self._exchange(group * h * b) * MS
+        if s.shared_expert_intermediate_size:
+            out += self._gated_mlp_s(tokens, self._shared, s.shared_expert_intermediate_size)
+            if s.shared_expert_gate:
+                # (a one-output GEMV: below the tables' narrowest GEMM, the fitted term)
+                out += self._gemm(tokens, h, 1) + self._small(3 * tokens * h * b)
+        return out
+
+    def sample_s(self, rows: int) -> float:
+        """LM head GEMM over the sampling rows, the vocab shards' gather, the sampler."""
+        if not rows:
+            return 0.0
+        s, t, b = self.shapes, self.terms, self.dtype_bytes
+        head = self._lm_head(rows) * MS
+        if self.tensor_parallel > 1:  # the gather moves about half an all-reduce's bytes
+            head += self._allreduce_s(rows * s.vocab_size // self.tensor_parallel * b) / 2
+        return head + t.sampler_floor_s + t.sampler_per_row_s * rows
+
+    # ---- attention, per layer -----------------------------------------------------------
+
+    def prefill_attention_s(self, plan: BatchPlan) -> float:
+        """One layer's prefill attention: the table at the chunks' batch and mean KV length
+        after them (token-weighted), scaled from the table's b x L^2 / 2 causal pairs to the
+        plan's, and never below the same chunks without context (a launch floor)."""
+        seqs, tokens = plan.prefill_seqs or 1, plan.prefill_tokens
+        row = self._context.row(seqs)
+        chunk = tokens / seqs
+        full = plan.prefill_attn / tokens  # (a plan that left the totals unset: no context)
+        if full < chunk:
+            full = chunk
+        pairs = seqs * full * full / 2
+        scaled = row(full) * (plan.prefill_attn_causal or pairs) / pairs
+        alone = row(chunk)
+        return (scaled if scaled > alone else alone) * MS
+
+    def predict(self, plan: BatchPlan) -> float:
+        """Seconds one engine step of `plan` takes; 0 for a plan that computes and copies
+        nothing."""
+        decode_seqs = plan.decode_seqs
+        tokens = plan.prefill_tokens + decode_seqs
+        swap_s = self._swap_s_per_token * plan.swap_tokens if plan.swap_tokens else 0.0
+        if not tokens:
+            return swap_s
+        per_tokens = self._token_cache.get(tokens)
+        if per_tokens is None:
+            per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
+        rows = plan.prefill_seqs + decode_seqs
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        layer, host = per_tokens[0], self._host_layer_s
+        if plan.prefill_tokens:
+            layer += self.prefill_attention_s(plan)
+            host += self._kernel_s
+        if decode_seqs:
+            curve = self._decode_rows.get(decode_seqs)
+            if curve is None:
+                curve = self._decode_rows[decode_seqs] = self._generation.row(decode_seqs)
+            layer += curve(plan.decode_context / decode_seqs) * MS
+            host += self._kernel_s
+        gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
+        gpu_s += swap_s
+        if self._overlapped:  # the host's step work runs beside the GPU's
+            return gpu_s if gpu_s > per_rows[1] else per_rows[1]
+        return gpu_s + per_rows[1]
+
+    def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
+        """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
+        tokens at the first and `rows` more at each next (same terms, same order)."""
+        if rows < 1:
+            raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
+        per_tokens = self._token_cache.get(rows)
+        if per_tokens is None:
+            per_tokens = self._token_cache[rows] = (self.layer_s(rows), self.embed_s(rows))
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
+        host = self._host_layer_s + self._kernel_s
+        curve, layers, overlapped = self._generation.row(rows), self._layers, self._overlapped
+        out = []
+        for ctx in range(context, context + rows * num_steps, rows):
+            layer = base + curve(ctx / rows) * MS
+            gpu_s = layers * (layer if layer > host else host) + embed + sample
+            if overlapped:
+                out.append(gpu_s if gpu_s > host_s else host_s)
+            else:
+                out.append(gpu_s + host_s)
+        return out
+
+
+def kernel_cost_backend(model: ModelSpec, hardware: HardwareSpec, tables: KernelTables,
+                        tensor_parallel: int = 1, expert_parallel: int = 1,
+                        dtype: str = "bf16", quantization: str | None = None,
+                        engine: str = "vllm") -> KernelCostModel:
+    """The measured-kernel model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
+    return KernelCostModel(LayerShapes.from_model_spec(model),
+                           GpuPeaks.from_hardware_spec(hardware), load_engine(engine), tables,
+                           tensor_parallel=tensor_parallel, expert_parallel=expert_parallel,
+                           dtype=dtype, quantization=quantization)

@@ -1,0 +1,297 @@
+"""Regenerate servelab's compact kernel tables from a mirror of ai-dynamo/aiconfigurator.
+
+    python sim/data/aiconfigurator/extract.py PATH_TO_MIRROR [--commit REV]
+
+PATH_TO_MIRROR is a clone (bare or not) of https://github.com/ai-dynamo/aiconfigurator; the
+tables are read with `git show REV:path`, so no checkout is needed. For every GPU servelab
+ships that the repository measured with vLLM, it writes one folder beside this script:
+
+    <gpu>/gemm.parquet                  quant, m, n, k, latency_ms
+    <gpu>/context_attention.parquet     batch, seq, heads, kv_heads, head_dim, latency_ms
+    <gpu>/generation_attention.parquet  batch, kv_len, heads, kv_heads, head_dim, latency_ms
+    <gpu>/moe.parquet                   quant, tokens, hidden, inter, experts, topk, tp, ep,
+                                        latency_ms
+    <gpu>/custom_all_reduce.parquet     num_gpus, message_bytes, latency_ms
+    <gpu>/nccl_all_reduce.parquet       num_gpus, message_bytes, latency_ms
+    manifest.json                       per GPU and vLLM version, which source table (path,
+                                        version) each of ours came from, and the licence
+
+Every table but NCCL's carries a `source_version` column: a vLLM version folder upstream
+that holds only a reuse.yaml (or lacks one quantization) points at its donor's rows in the
+manifest instead of copying them. What is kept and why is in README.md beside this file.
+The module reads nothing at servelab's run time; sim.cost.kernel_tables loads its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+HERE = Path(__file__).parent
+SYSTEMS = "aic-core/src/aiconfigurator_core/systems"
+DATA = f"{SYSTEMS}/data"
+UPSTREAM = "https://github.com/ai-dynamo/aiconfigurator"
+
+# servelab's GPU file name -> aiconfigurator's system name (vLLM data measured there).
+GPUS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
+        "rtx-pro-6000": "rtx_pro_6000_server", "a100-80gb": "a100_sxm"}
+# Upstream's dtype names -> ours. nvfp4 and 4-bit MoE lanes are dropped: servelab prices
+# no such quantization (sim.cost.roofline.QUANTIZATIONS).
+QUANTS = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_block": "fp8_block"}
+# Bytes of one element of each collective dtype: both all-reduce tables count message_size
+# in ELEMENTS (aiconfigurator's collector/network/collect_nccl.py writes size //
+# bytes_per_element; the vLLM custom all-reduce collector counts tensor elements). We store
+# bytes.
+ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "float16": 2, "int8": 1}
+
+
+class Mirror:
+    """Files of one commit of the mirror, read with git (no checkout)."""
+
+    def __init__(self, path: Path, rev: str) -> None:
+        self.path = path
+        self.commit = self._git("rev-parse", rev).decode().strip()
+
+    def _git(self, *args: str) -> bytes:
+        return subprocess.run(["git", "-C", str(self.path), *args], check=True,
+                              capture_output=True).stdout
+
+    def names(self, folder: str) -> list[str]:
+        """Entry names directly under `folder` (empty when it does not exist)."""
+        try:
+            out = self._git("ls-tree", "--name-only", f"{self.commit}:{folder}")
+        except subprocess.CalledProcessError:
+            return []
+        return out.decode().split()
+
+    def read(self, path: str) -> bytes:
+        return self._git("show", f"{self.commit}:{path}")
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def _table_sources(mirror: Mirror, system: str, family: str, framework: str,
+                   table: str) -> dict[str, dict[str, str]]:
+    """version -> {"own": version whose parquet it has, "donor": reuse.yaml's from_version}
+    for one upstream table (either key may be missing)."""
+    out: dict[str, dict[str, str]] = {}
+    root = f"{DATA}/{system}/{family}/{framework}"
+    for version in mirror.names(root):
+        files = mirror.names(f"{root}/{version}")
+        entry: dict[str, str] = {}
+        if f"{table}.parquet" in files:
+            entry["own"] = version
+        if "reuse.yaml" in files:
+            reuse = yaml.safe_load(mirror.read(f"{root}/{version}/reuse.yaml")) or {}
+            for item in reuse.get("reuse", []):
+                if item.get("table") == table:
+                    entry["donor"] = str(item["from_version"])
+        if entry:
+            out[version] = entry
+    return out
+
+
+def _read(mirror: Mirror, system: str, family: str, framework: str, version: str,
+          table: str) -> tuple[pd.DataFrame, str]:
+    path = f"{DATA}/{system}/{family}/{framework}/{version}/{table}.parquet"
+    return pd.read_parquet(io.BytesIO(mirror.read(path))), path
+
+
+def _gemm(frame: pd.DataFrame) -> pd.DataFrame:
+    """Dense GEMMs per (quant, m, n, k); several kernels for one quant keep the fastest
+    (vLLM picks among them by platform; the fastest is what its selection aims at)."""
+    frame = frame[frame["gemm_dtype"].isin(QUANTS)]
+    out = pd.DataFrame({"quant": frame["gemm_dtype"].map(QUANTS), "m": frame["m"],
+                        "n": frame["n"], "k": frame["k"], "latency_ms": frame["latency"]})
+    return out.groupby(["quant", "m", "n", "k"], as_index=False)["latency_ms"].min()
+
+
+def _attention_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Rows servelab can use: KV cache in the attention's own 16-bit dtype, no sliding
+    window, and one kernel: the GPU's most measured one (vLLM's default backend there)."""
+    keep = frame["kv_cache_dtype"] == frame["attn_dtype"]
+    for column, value in (("window_size", 0), ("beam_width", 1)):  # older tables lack them
+        if column in frame:
+            keep &= frame[column] == value
+    frame = frame[keep]
+    if "kernel_source" not in frame:
+        return frame, "unnamed"
+    kernel = frame["kernel_source"].value_counts().idxmax()
+    return frame[frame["kernel_source"] == kernel], kernel
+
+
+def _context_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    frame, kernel = _attention_rows(frame)
+    out = pd.DataFrame({"batch": frame["batch_size"], "seq": frame["isl"],
+                        "heads": frame["num_heads"], "kv_heads": frame["num_key_value_heads"],
+                        "head_dim": frame["head_dim"], "latency_ms": frame["latency"]})
+    keys = ["batch", "seq", "heads", "kv_heads", "head_dim"]
+    return out.groupby(keys, as_index=False)["latency_ms"].median(), kernel
+
+
+def _generation_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Decode attention; a row's KV length is isl + step (isl 1, step 2^i - 1)."""
+    frame, kernel = _attention_rows(frame)
+    out = pd.DataFrame({"batch": frame["batch_size"], "kv_len": frame["isl"] + frame["step"],
+                        "heads": frame["num_heads"], "kv_heads": frame["num_key_value_heads"],
+                        "head_dim": frame["head_dim"], "latency_ms": frame["latency"]})
+    keys = ["batch", "kv_len", "heads", "kv_heads", "head_dim"]
+    return out.groupby(keys, as_index=False)["latency_ms"].median(), kernel
+
+
+def _moe(frame: pd.DataFrame) -> pd.DataFrame:
+    """Fused-MoE layers with tokens spread evenly over experts (the 'balanced' rows)."""
+    frame = frame[(frame["distribution"] == "balanced") & frame["moe_dtype"].isin(QUANTS)]
+    out = pd.DataFrame({"quant": frame["moe_dtype"].map(QUANTS), "tokens": frame["num_tokens"],
+                        "hidden": frame["hidden_size"], "inter": frame["inter_size"],
+                        "experts": frame["num_experts"], "topk": frame["topk"],
+                        "tp": frame["moe_tp_size"], "ep": frame["moe_ep_size"],
+                        "latency_ms": frame["latency"]})
+    keys = ["quant", "tokens", "hidden", "inter", "experts", "topk", "tp", "ep"]
+    return out.groupby(keys, as_index=False)["latency_ms"].min()
+
+
+def _custom_all_reduce(frame: pd.DataFrame) -> pd.DataFrame:
+    """vLLM's custom all-reduce as captured in a CUDA graph (how vLLM runs it in a step)."""
+    frame = frame[(frame["op_name"] == "all_reduce") & (frame["backend"] == "vllm_graph")]
+    out = pd.DataFrame({"num_gpus": frame["num_gpus"],
+                        "message_bytes": frame["message_size"]
+                        * frame["allreduce_dtype"].map(ELEMENT_BYTES),
+                        "latency_ms": frame["latency"]})
+    return out.groupby(["num_gpus", "message_bytes"], as_index=False)["latency_ms"].min()
+
+
+def _nccl_all_reduce(frame: pd.DataFrame) -> pd.DataFrame:
+    """NCCL all-reduce of 16-bit elements (message_size counts elements upstream)."""
+    frame = frame[(frame["op_name"] == "all_reduce") & (frame["nccl_dtype"] == "half")]
+    out = pd.DataFrame({"num_gpus": frame["num_gpus"],
+                        "message_bytes": frame["message_size"] * ELEMENT_BYTES["half"],
+                        "latency_ms": frame["latency"]})
+    return out.groupby(["num_gpus", "message_bytes"], as_index=False)["latency_ms"].min()
+
+
+# (our table, upstream family, upstream table, reducer); attention reducers also name
+# their kernel.
+VLLM_TABLES = (
+    ("gemm", "gemm", "gemm_perf", _gemm),
+    ("context_attention", "attention", "context_attention_perf", _context_attention),
+    ("generation_attention", "attention", "generation_attention_perf", _generation_attention),
+    ("moe", "moe", "moe_perf", _moe),
+    ("custom_all_reduce", "comm", "custom_allreduce_perf", _custom_all_reduce),
+)
+
+
+def _extract_vllm_table(mirror: Mirror, system: str, name: str, family: str, table: str,
+                        reduce) -> tuple[pd.DataFrame | None, dict]:
+    """One of our tables for one GPU, all vLLM versions stacked (source_version column),
+    and the manifest entry: version -> {source version, path, kernel}."""
+    sources = _table_sources(mirror, system, family, "vllm", table)
+    frames, versions = [], {}
+    for version in sorted(sources, key=_version_key):
+        if "own" not in sources[version]:
+            continue
+        raw, path = _read(mirror, system, family, "vllm", version, table)
+        reduced = reduce(raw)
+        kernel = None
+        if isinstance(reduced, tuple):
+            reduced, kernel = reduced
+        if reduced.empty:  # nothing servelab can use (other dtypes or distributions)
+            continue
+        reduced.insert(0, "source_version", version)
+        frames.append(reduced)
+        versions[version] = {"source_version": version, "path": path, "kernel": kernel,
+                             "quants": sorted(reduced["quant"].unique())
+                             if "quant" in reduced else None}
+    for version, entry in sources.items():  # donors fill what a folder lacks
+        donor = entry.get("donor")
+        if donor is None or donor not in versions:
+            continue
+        if version not in versions:
+            versions[version] = dict(versions[donor], source_version=donor)
+        elif versions[version]["quants"] is not None:  # quants the folder has none of
+            missing = sorted(set(versions[donor]["quants"]) - set(versions[version]["quants"]))
+            if missing:
+                versions[version]["fill"] = {"source_version": donor, "quants": missing,
+                                             "path": versions[donor]["path"]}
+    if not frames:
+        return None, {}
+    out = pd.concat(frames, ignore_index=True)
+    out["source_version"] = out["source_version"].astype("category")
+    if "quant" in out:
+        out["quant"] = out["quant"].astype("category")
+    return out, dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+
+
+def _extract_nccl(mirror: Mirror, system: str) -> tuple[pd.DataFrame | None, dict]:
+    """The newest NCCL version measured on the GPU (NCCL's speed hardly depends on vLLM)."""
+    root = f"{DATA}/{system}/comm/nccl"
+    versions = [v for v in mirror.names(root) if "nccl_perf.parquet" in mirror.names(f"{root}/{v}")]
+    if not versions:
+        return None, {}
+    version = max(versions, key=_version_key)
+    raw, path = _read(mirror, system, "comm", "nccl", version, "nccl_perf")
+    return _nccl_all_reduce(raw), {"nccl_version": version, "path": path}
+
+
+def _compact(frame: pd.DataFrame) -> pd.DataFrame:
+    """Smallest lossless integer types, float32 latency (a 1e-7 relative rounding)."""
+    for column in frame.columns:
+        if column == "latency_ms":
+            frame[column] = frame[column].astype("float32")
+        elif pd.api.types.is_integer_dtype(frame[column]):
+            frame[column] = pd.to_numeric(frame[column], downcast="integer")
+    return frame
+
+
+def extract(mirror: Mirror, out_dir: Path = HERE) -> dict:
+    """Write every GPU's tables under out_dir and return the manifest (also written)."""
+    manifest = {"source": UPSTREAM, "commit": mirror.commit, "license": "Apache-2.0",
+                "license_file": "LICENSE", "systems_path": SYSTEMS, "gpus": {}}
+    for gpu, system in GPUS.items():
+        folder = out_dir / gpu
+        for stale in folder.glob("*.parquet"):  # a table upstream no longer has goes too
+            stale.unlink()
+        entry = {"system": system, "tables": {}}
+        for name, family, table, reduce in VLLM_TABLES:
+            frame, versions = _extract_vllm_table(mirror, system, name, family, table, reduce)
+            if frame is None:
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            _compact(frame).to_parquet(folder / f"{name}.parquet", index=False,
+                                       compression="zstd", compression_level=19)
+            entry["tables"][name] = versions
+        frame, nccl = _extract_nccl(mirror, system)
+        if frame is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            _compact(frame).to_parquet(folder / "nccl_all_reduce.parquet", index=False,
+                                       compression="zstd", compression_level=19)
+            entry["tables"]["nccl_all_reduce"] = nccl
+        if entry["tables"]:
+            manifest["gpus"][gpu] = entry
+    (out_dir / "LICENSE").write_bytes(mirror.read("LICENSE"))
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mirror", type=Path, help="a clone of ai-dynamo/aiconfigurator")
+    parser.add_argument("--commit", default="HEAD", help="the revision to read (default HEAD)")
+    parser.add_argument("--out", type=Path, default=HERE, help="where to write (default: here)")
+    args = parser.parse_args()
+    manifest = extract(Mirror(args.mirror, args.commit), args.out)
+    size = sum(p.stat().st_size for p in args.out.rglob("*.parquet"))
+    print(f"{len(manifest['gpus'])} GPUs from {manifest['commit'][:12]}: "
+          f"{size / 2**20:.1f} MiB of tables in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
