@@ -18,7 +18,7 @@ from sim.deployment import (
 from sim.engine.scheduler import POLICIES, SchedulerConfig
 from sim.engine.scheduler_config import PREEMPTION_MODES, QUEUES
 from sim.replay.metrics import Slo
-from workloads.files import atomic_output
+from workloads.formats.files import atomic_output
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:

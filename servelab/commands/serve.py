@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _executor_parts(args: argparse.Namespace) -> _Parts:
     """The model on the executor: torch threads pinned, the build run on its own thread."""
-    from executor.threads import configure_cpu_threads
+    from executor.loading import configure_cpu_threads
     from servelab.serve.server import call_on_thread
 
     simulator_only = [f for f, v in (

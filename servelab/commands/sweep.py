@@ -226,7 +226,7 @@ def format_capacity(capacities: list[Capacity], slo: CapacitySlo) -> str:
 def _write_out(out_dir: Path, table: pd.DataFrame, capacities: list[Capacity],
                slo: CapacitySlo, title: str) -> None:
     from servelab.reporting.charts.sweep_charts import latency_vs_load
-    from workloads.files import atomic_output
+    from workloads.formats.files import atomic_output
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, write in (("sweep.parquet", table.to_parquet), ("sweep.csv", table.to_csv)):

@@ -7,8 +7,8 @@ import json
 
 from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
 from workloads import format_summary, save_trace, summarize
-from workloads.files import atomic_output
-from workloads.writers import output_format
+from workloads.formats.files import atomic_output
+from workloads.formats.writers import output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -69,7 +69,7 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
                           ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy measured on the executor and simulated with a calibration whose grid was
     timed during the measured runs (servelab validate --calibrate)."""
-    from executor.threads import configure_cpu_threads
+    from executor.loading import configure_cpu_threads
 
     threads = configure_cpu_threads(None)
     import torch

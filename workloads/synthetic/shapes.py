@@ -5,95 +5,16 @@ so the prefix cache sees exactly what the requests share."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workloads.generators import (
-    LengthDist,
-    SyntheticSpec,
-    gamma_arrivals_s,
-    poisson_arrivals_s,
-)
 from workloads.sessions import SessionSpec, session_rows
+from workloads.synthetic.arrivals import open_loop_arrivals_s, stage_arrivals_s
 from workloads.trace import SessionColumns, Trace
 
-STAGE_KINDS = ("rate", "concurrency")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One load stage: `rate` requests/s for `duration_s`, or `concurrency` users that each
-    send the next request when the previous one finished, `count` requests in all."""
-
-    kind: str  # "rate" or "concurrency"
-    value: float  # requests/s, or the number of users
-    duration_s: float = 0.0  # rate stages only
-    count: int = 0  # concurrency stages only: requests in the stage
-
-    def __post_init__(self) -> None:
-        if self.kind not in STAGE_KINDS:
-            raise ValueError(f"stage kind must be rate or concurrency, got {self.kind!r}")
-        if not self.value > 0:
-            raise ValueError(f"{self.kind}({self.value:g}, ...): must be > 0")
-        if self.kind == "rate" and not self.duration_s > 0:
-            raise ValueError(f"rate({self.value:g}, {self.duration_s:g}): duration must be > 0")
-        if self.kind == "concurrency" and (self.count < 1 or self.value != int(self.value)):
-            raise ValueError(
-                f"concurrency({self.value:g}, {self.count}): need whole users and count >= 1"
-            )
-
-
-def check_shaped(spec: SyntheticSpec) -> None:
-    """Stages replace n and rate; a session needs users and a session-start rate."""
-    if spec.stages and (spec.num_requests is not None or spec.rate_per_s is not None):
-        raise ValueError("stages= replaces n= and rate=; give one or the other")
-    kinds = {stage.kind for stage in spec.stages}
-    if "concurrency" in kinds and len(spec.stages) > 1:
-        raise ValueError("a concurrency stage must be the only stage (its duration is an outcome)")
-    if spec.session is not None:
-        if spec.stages or spec.num_requests is not None:
-            raise ValueError("users= sessions start at rate=; stages= and n= do not apply")
-        if spec.rate_per_s is None or not spec.rate_per_s > 0:
-            raise ValueError("users= needs rate=R (sessions started per second)")
-
-
-def stage_arrivals_s(
-    stages: tuple[Stage, ...], arrival: str, cv: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Arrival times of rate stages back to back, each drawn over its own duration."""
-    times, start_s = [], 0.0
-    for stage in stages:
-        times.append(start_s + _arrivals_within(stage, arrival, cv, rng))
-        start_s += stage.duration_s
-    return np.concatenate(times)
-
-
-def _arrivals_within(stage: Stage, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrivals in [0, duration): even gaps (rate x duration of them) or drawn gaps."""
-    if arrival == "constant":
-        return np.arange(int(round(stage.value * stage.duration_s))) / stage.value
-    mean = stage.value * stage.duration_s
-    count = max(16, int(mean + 10 * np.sqrt(mean) + 16))  # enough gaps to pass the end
-    while True:
-        if arrival == "gamma":
-            drawn = gamma_arrivals_s(count, stage.value, cv, rng)
-        else:
-            drawn = poisson_arrivals_s(count, stage.value, rng)
-        if drawn[-1] >= stage.duration_s:
-            return drawn[drawn < stage.duration_s]
-        count *= 2
-
-
-def open_loop_arrivals_s(
-    count: int, rate_per_s: float, arrival: str, cv: float, rng: np.random.Generator
-) -> np.ndarray:
-    """`count` arrivals at `rate_per_s`: even gaps, Poisson or gamma."""
-    if arrival == "constant":
-        return np.arange(count) / rate_per_s
-    if arrival == "gamma":
-        return gamma_arrivals_s(count, rate_per_s, cv, rng)
-    return poisson_arrivals_s(count, rate_per_s, rng)
+if TYPE_CHECKING:  # the spec's module runs this one; the spec is only read here
+    from workloads.synthetic.generators import SyntheticSpec
 
 
 class SegmentIds:
@@ -226,5 +147,3 @@ def _build(spec: SyntheticSpec, name: str, arrival_s, prompt_len, output_len, id
         sessions=sessions,
     )
 
-
-__all__ = ["LengthDist", "SessionSpec", "Stage", "check_shaped", "generate_shaped"]

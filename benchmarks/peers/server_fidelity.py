@@ -5,7 +5,7 @@ Starts vLLM's CPU server (vllm_server.py) or `servelab serve` on the peer model,
 --repeats replays (their spread is the server's own run-to-run noise), and prints per
 workload the median and worst |error| over the validated metrics and the median spread.
 Everything lands in --out: calibration.json, WORKLOAD.json and WORKLOAD/ (charts).
-Run: python benchmarks/server_fidelity.py --server vllm [--workloads conv,code,gamma]
+Run: python benchmarks/peers/server_fidelity.py --server vllm [--workloads conv,code,gamma]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The workloads of docs/fidelity.md, scaled to fit the peer model's 2,048 tokens.
 WORKLOADS = {
     "conv": ["--trace", "azure-conv", "--max-requests", "300", "--length-scale", "0.1",
@@ -68,7 +68,7 @@ def servelab_server(port: int):
 def server(kind: str, port: int):
     if kind == "servelab":
         return servelab_server(port)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
     from vllm_server import VllmConfig, start_vllm
 
     return start_vllm(VllmConfig(port=port, max_num_seqs=128, max_num_batched_tokens=2048))

@@ -8,7 +8,7 @@ The server's wall clock adds what the simulator leaves out: Python bookkeeping b
 steps (servelab/serve/simulated.py takes it out of each step's sleep), HTTP and SSE latency. The
 server's request log gives its own TTFT (request parsed -> first token's step end), so the
 client's TTFT less that is the HTTP path.
-Run: python benchmarks/serve_simulated.py [--max-requests 500] [--qps-scale 1]
+Run: python benchmarks/fidelity/serve_simulated.py [--max-requests 500] [--qps-scale 1]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from executor.loading import cpu_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("completed", "failed", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
         "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2el_ms")
 RATIO_KEYS = ("median_ttft_ms", "median_itl_ms", "median_tpot_ms", "median_e2el_ms")

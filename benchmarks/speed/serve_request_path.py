@@ -24,7 +24,7 @@ and prints the median and p95 of each gap, and the client's TTFT against the ser
 (handler -> token): what a simulator that prices only steps leaves out. Client and server
 records are paired by their prompts. The stamps come from wrapping functions here; nothing
 in serve/ is changed.
-Run: python benchmarks/serve_request_path.py [--requests 60] [--prompt-len 2000] [--trace T]
+Run: python benchmarks/speed/serve_request_path.py [--requests 60] [--prompt-len 2000] [--trace T]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Serves the peer workload (32 requests at t=0, greedy) through our engine with th
 (RMSNorm with its residual add, SiLU-and-multiply, RoPE with the KV write) and the same steps as
 torch ops; the GEMMs and the paged attention stay native in both. Prints each side's median wall
 time, their spread, and the ratio of the medians; checks the outputs agree.
-Run: python benchmarks/row_ops.py [--repeats 8] [--threads N]
+Run: python benchmarks/speed/row_ops.py [--repeats 8] [--threads N]
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))  # the peer workload
 
-from executor.threads import configure_cpu_threads  # noqa: E402 (before torch is imported)
+from executor.loading import configure_cpu_threads  # noqa: E402 (before torch is imported)
 
 
 def parse_args() -> argparse.Namespace:

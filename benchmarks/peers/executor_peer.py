@@ -9,7 +9,7 @@ rough ceiling for the machine (ceiling()). Then the classic comparison: N reques
 time vs continuous batching in our engine. On a shared machine timings swing with other
 tenants' load, so each run is repeated, rounds interleave the systems, and the best and median
 wall times are printed (HF sequential, the slowest, runs once).
-Run: python benchmarks/executor_peer.py [--threads N] [--repeats 3] [--skip-sequential]
+Run: python benchmarks/peers/executor_peer.py [--threads N] [--repeats 3] [--skip-sequential]
      [--vllm | --no-vllm] [--vllm-venv PATH]
 """
 
@@ -22,11 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from vllm_server import VllmConfig  # noqa: E402
 
-from executor.threads import configure_cpu_threads  # noqa: E402 (before torch is imported)
+from executor.loading import configure_cpu_threads  # noqa: E402 (before torch is imported)
 
 CORES = sorted(os.sched_getaffinity(0))  # before torch's OpenMP binds this thread to one core
 VLLM = "vLLM (CPU, offline)"

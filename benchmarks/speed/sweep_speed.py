@@ -4,7 +4,7 @@ The target: 60 s with 2 workers. Prints the wall time of the pool, the sum of th
 per-run times it overlapped (so the parallel efficiency), and, with --ray, the same sweep
 on a local Ray instance side by side, checking that its rows are identical.
 
-    python benchmarks/sweep_speed.py [--workers 2] [--ray]
+    python benchmarks/speed/sweep_speed.py [--workers 2] [--ray]
 """
 
 from __future__ import annotations

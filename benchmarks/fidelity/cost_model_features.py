@@ -10,9 +10,10 @@ the median measured / predicted of the runs' own steps with a prefill chunk (eac
 its run's speed; median over the policies). --save keeps the sitting (a pickle) so that
 sittings made at other times can be scored again with --load, side by side.
 
-    python benchmarks/cost_model_features.py --trace azure-conv --max-requests 300 \\
+    python benchmarks/fidelity/cost_model_features.py --trace azure-conv --max-requests 300 \\
         --length-scale 0.1 --qps-scale 3 --save out/features-conv.pkl
-    python benchmarks/cost_model_features.py --load out/features-conv.pkl out/features-code.pkl
+    python benchmarks/fidelity/cost_model_features.py \\
+        --load out/features-conv.pkl out/features-code.pkl
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from workloads.sessions import Seconds, SessionSpec
-from workloads.shapes import Stage
+from workloads.synthetic.arrivals import Stage
 
 SHAPE_KEYS = ("system", "groups", "prompts", "question", "stages", "users", "turns", "think",
               "max_len")

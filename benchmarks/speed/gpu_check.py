@@ -10,7 +10,7 @@
 5. `servelab run` of a bundled trace on the device, its JSON written to OUT.
 Writes OUT/gpu_check.json and prints a summary; a step that fails is recorded and the rest
 still run. `--device cpu --model tiny --quick` checks the script itself in a minute or two.
-Run: python benchmarks/gpu_check.py [--out reports/gpu] [--model qwen2.5-0.5b] [--quick]
+Run: python benchmarks/speed/gpu_check.py [--out reports/gpu] [--model qwen2.5-0.5b] [--quick]
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))  # the peer workload and runs
 BLOCK_SIZE = 16
 CONTEXT = 512
 

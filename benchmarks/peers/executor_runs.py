@@ -1,4 +1,4 @@
-"""The runs benchmarks/executor_peer.py times: HF generate variants and our engine.
+"""The runs benchmarks/peers/executor_peer.py times: HF generate variants and our engine.
 
 Each returns greedy outputs by request id ("r0", "r1", ...) and the wall seconds it took.
 """

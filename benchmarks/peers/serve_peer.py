@@ -7,7 +7,7 @@ this process. Served: `servelab serve` in a subprocess, driven by the bench-serv
 the best of each is compared and the served outputs are checked against the offline ones.
 Each run prints the cores it used and those others used meanwhile: on a shared machine a
 run that overlapped someone else's work is not comparable.
-Run: python benchmarks/serve_peer.py [--threads N] [--repeats R] [--policy P]
+Run: python benchmarks/peers/serve_peer.py [--threads N] [--repeats R] [--policy P]
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from peer_workload import peer_workload  # noqa: E402
 
-from executor.threads import configure_cpu_threads  # noqa: E402 (before torch is imported)
+from executor.loading import configure_cpu_threads  # noqa: E402 (before torch is imported)
 
 CPUS = os.sched_getaffinity(0)  # before torch binds this thread to one core
 

@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 
-from workloads.generators import Fixed, SyntheticSpec, Uniform, generate_trace
-from workloads.spec import SpecError
+from workloads.synthetic.generators import SyntheticSpec, generate_trace
+from workloads.synthetic.lengths import Fixed, Uniform
+from workloads.synthetic.spec import SpecError
 from workloads.trace import Trace
 
 VLLM_PREFIX = "vllm:"

@@ -8,7 +8,7 @@ run, one timed); they take turns going first. Because the three times are taken
 milliseconds apart, drift of a shared machine cancels out of the ratios, which a
 calibration-then-validation comparison minutes apart cannot promise.
 
-    python benchmarks/profile_vs_run.py --trace azure-conv --max-requests 150 \\
+    python benchmarks/fidelity/profile_vs_run.py --trace azure-conv --max-requests 150 \\
         --length-scale 0.1 --qps-scale 3
 
 prints, per step kind (servelab.calibration.validation.STEP_KINDS), the median in-run step and the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from run_args import add_run_args, trace_and_model  # noqa: E402
 

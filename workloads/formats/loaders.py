@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.files import read_csv_rows, read_first_line, read_json_lines, require_columns
-from workloads.sharegpt import read_sharegpt
-from workloads.sqlite import SQLITE_MAGIC, read_request_log
+from workloads.formats.files import read_csv_rows, read_first_line, read_json_lines, require_columns
+from workloads.formats.sharegpt import read_sharegpt
+from workloads.formats.sqlite import SQLITE_MAGIC, read_request_log
 from workloads.trace import Trace
 from workloads.validate import (
     OPTIONAL_COLUMNS,

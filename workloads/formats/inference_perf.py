@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from workloads.generators import Fixed, LengthDist, SyntheticSpec, _to_lengths
-from workloads.shapes import Stage
+from workloads.synthetic.arrivals import Stage
+from workloads.synthetic.generators import SyntheticSpec
+from workloads.synthetic.lengths import Fixed, LengthDist, to_lengths
 
 # Top-level sections of an inference-perf config: a YAML file starting with one is ours.
 _SECTIONS = ("load", "data", "api", "server", "tokenizer", "metrics", "report", "storage")
@@ -59,7 +60,7 @@ class ClippedNormal:
             raise ValueError(f"need 1 <= min <= max and std >= 0, got {self}")
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        return np.clip(_to_lengths(rng.normal(self.mean, self.std, count)), self.low, self.high)
+        return np.clip(to_lengths(rng.normal(self.mean, self.std, count)), self.low, self.high)
 
 
 def read_inference_perf(path: str | Path) -> SyntheticSpec:

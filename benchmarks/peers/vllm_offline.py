@@ -6,7 +6,7 @@ hit cached prompts), generates the whole workload once to warm up, then greedily
 and exactly n tokens per request: --repeats N generates back to back, or --stdin one per line read
 from stdin, each answered with a JSON line on stdout. At the end it writes
 {"walls_s": [...], "tokens": {"r0": [ids], ...}, "startup_s", "warmup_s", "vllm"} to OUT.
-Run: .venv-vllm/bin/python benchmarks/vllm_offline.py WORKLOAD.json OUT.json --model DIR
+Run: .venv-vllm/bin/python benchmarks/peers/vllm_offline.py WORKLOAD.json OUT.json --model DIR
 Import (servelab's venv): `with start_offline_peer(...) as peer: tokens, wall_s = peer.generate()`
 """
 

@@ -5,7 +5,7 @@ under 10 s wall on a 2-core machine, against 41 s that the best existing simulat
 ONE policy on the same trace), then checks that scheduler work per step does not grow
 with the number of requests seen: microseconds per step on growing prefixes of the trace.
 
-    python benchmarks/simulate_speed.py [--repeats 3]
+    python benchmarks/speed/simulate_speed.py [--repeats 3]
 """
 
 from __future__ import annotations

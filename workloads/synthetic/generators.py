@@ -1,142 +1,33 @@
-"""Synthetic traces: Poisson or gamma (bursty) arrivals and length distributions, for one
-tenant or several merged. All randomness comes from the `numpy.random.Generator`s the caller
-passes."""
+"""The synthetic trace spec and its draw: arrivals, then lengths, for one tenant or several
+merged. All randomness comes from the `numpy.random.Generator`s the caller passes."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
+from workloads.sessions import SessionSpec
+from workloads.synthetic.arrivals import Stage, gamma_arrivals_s, poisson_arrivals_s
+from workloads.synthetic.lengths import Empirical, LengthDist
+from workloads.synthetic.shapes import generate_shaped
 from workloads.trace import Trace
 
-MAX_LENGTH_TOKENS = 2**31 - 1  # heavy tails (Pareto) are capped here before the int cast
 TENANT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # no ',' ';' '=' or spaces: it sits in a spec
 _INT64 = (-(2**63), 2**63 - 1)  # the trace's priority column is int64
-
-
-def poisson_arrivals_s(count: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times of a Poisson process (exponential gaps), the first at 0."""
-    _check_arrivals(count, rate_per_s, 1.0)
-    return _from_gaps(rng.exponential(1.0 / rate_per_s, count - 1))
-
-
-def gamma_arrivals_s(
-    count: int, rate_per_s: float, cv: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Arrival times with gamma gaps of mean 1/rate and coefficient of variation `cv`."""
-    _check_arrivals(count, rate_per_s, cv)
-    shape = 1.0 / cv**2  # a gamma's CV is 1/sqrt(shape); shape 1 is exponential
-    return _from_gaps(rng.gamma(shape, 1.0 / (rate_per_s * shape), count - 1))
-
-
-def _check_arrivals(count: int, rate_per_s: float, cv: float) -> None:
-    if count < 1 or not rate_per_s > 0 or not cv > 0:
-        raise ValueError(f"need count >= 1, rate > 0, cv > 0; got {count}, {rate_per_s}, {cv}")
-
-
-def _from_gaps(gaps_s: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(gaps_s)])
-
-
-class LengthDist(Protocol):
-    """A distribution of token counts."""
-
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """`count` int64 lengths, each >= 1."""
-        ...
-
-
-def _to_lengths(values: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(values), 1, MAX_LENGTH_TOKENS).astype(np.int64)
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """Every length is `tokens`."""
-
-    tokens: int
-
-    def __post_init__(self) -> None:
-        if self.tokens < 1:
-            raise ValueError(f"fixed length must be >= 1, got {self.tokens}")
-
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        return np.full(count, self.tokens, dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class Uniform:
-    """Integers uniform on [low_tokens, high_tokens], both ends included."""
-
-    low_tokens: int
-    high_tokens: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.low_tokens <= self.high_tokens:
-            raise ValueError(f"need 1 <= low <= high, got {self.low_tokens}, {self.high_tokens}")
-
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.integers(self.low_tokens, self.high_tokens, count, endpoint=True)
-
-
-@dataclass(frozen=True)
-class LogNormal:
-    """exp(Normal(ln median, sigma^2)), rounded: the median is `median_tokens`."""
-
-    median_tokens: float
-    sigma: float
-
-    def __post_init__(self) -> None:
-        if not self.median_tokens >= 1 or not self.sigma >= 0:
-            raise ValueError(
-                f"need median >= 1, sigma >= 0, got {self.median_tokens}, {self.sigma}"
-            )
-
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        return _to_lengths(rng.lognormal(np.log(self.median_tokens), self.sigma, count))
-
-
-@dataclass(frozen=True)
-class Pareto:
-    """Classic Pareto: P(X > x) = (min_tokens / x)^alpha for x >= min_tokens, rounded."""
-
-    min_tokens: float
-    alpha: float
-
-    def __post_init__(self) -> None:
-        if not self.min_tokens >= 1 or not self.alpha > 0:
-            raise ValueError(f"need min >= 1, alpha > 0, got {self.min_tokens}, {self.alpha}")
-
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        # numpy's pareto is the Lomax (shifted) form: 1 + it is the classic one.
-        return _to_lengths(self.min_tokens * (1.0 + rng.pareto(self.alpha, count)))
-
-
-@dataclass(frozen=True, eq=False)
-class Empirical:
-    """Lengths resampled (with replacement) from one column of a real trace."""
-
-    trace: Trace
-    column: str  # "prompt_len" or "output_len"
-
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        values = self.trace.table[self.column].to_numpy()
-        return values[rng.integers(0, len(values), count)]
 
 
 @dataclass(frozen=True)
 class SyntheticSpec:
     """A synthetic trace: `num_requests` arrivals at `rate_per_s` with length distributions.
 
-    The shapes (workloads.shapes) add: shared system prompts (`system_tokens` tokens, one of
-    `groups` per request; with `prompts_per_group`, groups x prompts distinct prompts that the
-    requests cycle through), load `stages` instead of n and rate, and `session`s (multi-turn
-    conversations). With `question`, `prompt` draws the part after the system prompt.
+    The shapes (workloads.synthetic.shapes) add: shared system prompts (`system_tokens` tokens,
+    one of `groups` per request; with `prompts_per_group`, groups x prompts distinct prompts
+    that the requests cycle through), load `stages` instead of n and rate, and `session`s
+    (multi-turn conversations). With `question`, `prompt` draws the part after the system prompt.
     """
 
     num_requests: int | None
@@ -151,15 +42,13 @@ class SyntheticSpec:
     groups: int = 1  # distinct system prompts
     prompts_per_group: int | None = None  # distinct questions per group; None: all own
     question: bool = False  # prompt draws the question after the system prompt
-    stages: tuple = ()  # workloads.shapes.Stage items; replace n and rate
-    session: object | None = None  # a workloads.shapes.SessionSpec: multi-turn users
+    stages: tuple[Stage, ...] = ()  # load stages; replace n and rate
+    session: SessionSpec | None = None  # multi-turn users
     max_model_len: int | None = None  # chat truncation: oldest turns dropped to fit
 
     def __post_init__(self) -> None:
         if self.stages or self.session is not None:
-            from workloads.shapes import check_shaped  # the shapes build on this module
-
-            check_shaped(self)
+            self._check_shaped()
         else:
             if self.num_requests is None or self.num_requests < 1:
                 raise ValueError(f"n must be >= 1, got {self.num_requests}")
@@ -175,6 +64,21 @@ class SyntheticSpec:
             raise ValueError(f"priority={self.priority} does not fit in 64 bits")
         self._check_prefix()
 
+    def _check_shaped(self) -> None:
+        """Stages replace n and rate; a session needs users and a session-start rate."""
+        if self.stages and (self.num_requests is not None or self.rate_per_s is not None):
+            raise ValueError("stages= replaces n= and rate=; give one or the other")
+        kinds = {stage.kind for stage in self.stages}
+        if "concurrency" in kinds and len(self.stages) > 1:
+            raise ValueError(
+                "a concurrency stage must be the only stage (its duration is an outcome)"
+            )
+        if self.session is not None:
+            if self.stages or self.num_requests is not None:
+                raise ValueError("users= sessions start at rate=; stages= and n= do not apply")
+            if self.rate_per_s is None or not self.rate_per_s > 0:
+                raise ValueError("users= needs rate=R (sessions started per second)")
+
     def _check_prefix(self) -> None:
         if self.system_tokens < 0:
             raise ValueError(f"system must be >= 0 tokens, got {self.system_tokens}")
@@ -189,7 +93,7 @@ class SyntheticSpec:
 
     @property
     def is_shaped(self) -> bool:
-        """Whether it needs workloads.shapes: prefixes, stages, sessions or even gaps."""
+        """Whether it needs workloads.synthetic.shapes: prefixes, stages, sessions or even gaps."""
         return bool(
             self.system_tokens or self.prompts_per_group or self.stages or self.session
             or self.question or self.arrival == "constant" or self.max_model_len
@@ -199,8 +103,6 @@ class SyntheticSpec:
 def generate_trace(spec: SyntheticSpec, rng: np.random.Generator, name: str = "synthetic") -> Trace:
     """Draw a trace: arrivals first, then prompt and output lengths, all from `rng`."""
     if spec.is_shaped:
-        from workloads.shapes import generate_shaped  # the shapes build on this module
-
         return generate_shaped(spec, rng, name)
     count = spec.num_requests
     if spec.arrival == "gamma":
