@@ -11,8 +11,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
+from sim.specs.hardware import GiB
+
 DEFAULT_KV_CACHE_GIB = 1.0
-DEFAULT_MAX_MODEL_LEN = 8192
 
 
 @dataclass
@@ -41,12 +43,12 @@ class LoadedModel:
         args = self.model.args
         itemsize = self.model.tok_embeddings.element_size()
         per_token = 2 * args.n_layers * args.n_kv_heads * args.head_dim * itemsize
-        return max(1, int(kv_cache_gib * 2**30) // (per_token * block_size))
+        return max(1, kv_blocks(kv_cache_gib * GiB, per_token * block_size))
 
     def max_model_len(self, requested: int | None) -> int:
         limit = self.model.args.max_position_embeddings
         if requested is None:
-            return min(limit, DEFAULT_MAX_MODEL_LEN)
+            return min(limit, ENGINE_DEFAULTS.max_model_len)
         if requested > limit:
             raise ValueError(f"--max-model-len {requested} exceeds the model's {limit} positions")
         return requested

@@ -16,14 +16,13 @@ from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel
 from sim.engine.core import Backend
+from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
-from sim.specs.kv_reserve import DEFAULT_PROFILE_TOKENS, ProfileShape, vllm_reserve_bytes
+from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
 from sim.specs.model_specs import ModelSpec
 
-DEFAULT_MAX_MODEL_LEN = 8192  # servelab's cap on the model's own context by default
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
-DEFAULT_BLOCK_SIZE = 16  # vLLM's block_size on CUDA
 
 # vLLM's --dtype values and servelab's, as the cost model names them. `auto` takes the
 # checkpoint's dtype, bf16 for every model servelab ships.
@@ -49,13 +48,13 @@ class DeploymentOptions:
     tensor_parallel: int = 1
     data_parallel: int = 1
     expert_parallel: bool = False
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int = ENGINE_DEFAULTS.block_size
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_blocks: int | None = None  # overrides the sized pool
     # What vLLM's memory profile runs (the reserve grows with both): None tokens is
-    # servelab's default budget, sim.specs.kv_reserve.DEFAULT_PROFILE_TOKENS.
+    # servelab's default budget, ENGINE_DEFAULTS.token_budget.
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     cost_model: Path | None = None  # a calibration instead of the analytic model
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
     quantization: str | None = None  # vLLM's --quantization: fp8, or None (weights in dtype)
@@ -90,7 +89,7 @@ class KvPool:
 
     def blocks_in_gib(self, gib: float) -> int:
         """KV blocks `gib` GiB of memory holds (host swap space, --swap-space-gib)."""
-        return int(gib * 2**30) // self.block_bytes
+        return kv_blocks(gib * GiB, self.block_bytes)
 
     def describe(self) -> str:
         """One line: blocks, and the vLLM sizing rule's terms when sized by it."""
@@ -114,7 +113,7 @@ class Deployment:
     parallel: Parallelism
     kv_pool: KvPool
     cost_model: Backend = field(compare=False)
-    max_model_len: int  # the model's context, capped at DEFAULT_MAX_MODEL_LEN
+    max_model_len: int  # the model's context, capped at ENGINE_DEFAULTS.max_model_len
     description: str  # a few words for headers: "llama-3-8b on h100 (bf16)"
     # Limits of the server a calibration came from (`calibrate --url`): flag defaults give
     # way to them. Sorted (name, value) pairs; empty for the analytic model.
@@ -183,7 +182,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
     return Deployment(model, hardware, dtype, parallel, pool, priced,
-                      min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
+                      min(model.max_position_embeddings, ENGINE_DEFAULTS.max_model_len),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",
                       quantization=options.quantization)
 
@@ -191,7 +190,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
                    parallel: Parallelism) -> int:
     """What vLLM's memory profile holds back on each GPU for these limits (sim.specs.kv_reserve)."""
-    tokens = options.max_num_batched_tokens or DEFAULT_PROFILE_TOKENS
+    tokens = options.max_num_batched_tokens or ENGINE_DEFAULTS.token_budget
     try:
         shape = ProfileShape(tokens, options.max_num_seqs)
     except ValueError as error:
@@ -211,7 +210,7 @@ def _pricing(name: str, roofline: AnalyticCostModel, model: ModelSpec, hardware:
     ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
     fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
                               quantization=quantization)
-    line = f"gpu-fitted: {gpu_coverage(model.name, hardware.name, 2048)}"
+    line = f"gpu-fitted: {gpu_coverage(model.name, hardware.name, ENGINE_DEFAULTS.token_budget)}"
     if quantization:
         line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
                  "(extrapolated)")
@@ -239,7 +238,7 @@ def _calibrated(options: DeploymentOptions, model: ModelSpec, dtype: str,
     meta = cost.meta
     server = meta.get("server") or {}
     block_size = options.block_size  # a calibrated server's, unless given
-    if block_size == DEFAULT_BLOCK_SIZE and server.get("block_size"):
+    if block_size == ENGINE_DEFAULTS.block_size and server.get("block_size"):
         block_size = server["block_size"]
     if meta.get("block_size", block_size) != block_size:
         raise ValueError(f"{options.cost_model}: calibrated with block size "

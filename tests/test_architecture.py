@@ -19,8 +19,8 @@ PACKAGES = ("workloads", "sim", "executor", "servelab")
 # a room imports only rooms listed before it.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "workloads": (),
-    "sim.engine": ("workloads",),
-    "sim.specs": (),
+    "sim.specs": (),  # specifications as data, and the engine's default limits
+    "sim.engine": ("workloads", "sim.specs"),
     "sim.cost": ("workloads", "sim.engine", "sim.specs"),
     "sim.replay": ("workloads", "sim.engine", "sim.specs", "sim.cost"),
     "sim.cluster": ("workloads", "sim.engine", "sim.specs", "sim.cost", "sim.replay"),

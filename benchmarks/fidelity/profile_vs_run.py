@@ -49,6 +49,7 @@ from servelab.calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from sim.engine.block_manager import BlockManager  # noqa: E402
 from sim.engine.core import BatchPlan, StepResult  # noqa: E402
 from sim.engine.scheduler import POLICIES, Scheduler, SchedulerConfig  # noqa: E402
+from sim.engine.scheduler_config import DEFAULT_POLICY  # noqa: E402
 from sim.engine.step import Engine  # noqa: E402
 from sim.replay.simulation import run_trace  # noqa: E402
 from sim.replay.workload import requests_from_trace  # noqa: E402
@@ -104,7 +105,7 @@ class CheckingBackend(ModelBackend):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(parser)
-    parser.add_argument("--policy", choices=POLICIES, default="continuous")
+    parser.add_argument("--policy", choices=POLICIES, default=DEFAULT_POLICY)
     parser.add_argument("--every", type=int, default=1, help="check every N-th step")
     parser.add_argument("--separate", action="store_true",
                         help="also profile on a separate backend with its own KV pool, "

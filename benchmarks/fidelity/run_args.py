@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from executor.loading import DEFAULT_KV_CACHE_GIB, LoadedModel, load
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import Trace, TraceTransforms, open_trace
 
 
@@ -20,7 +21,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="peer-45m", help="preset or checkpoint directory")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (pinned)")
     parser.add_argument("--kv-cache-gib", type=float, default=DEFAULT_KV_CACHE_GIB)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
     parser.add_argument("--seed", type=int, default=0)
 
 

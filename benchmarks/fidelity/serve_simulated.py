@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from executor.loading import cpu_model
+from sim.engine.scheduler_config import DEFAULT_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("completed", "failed", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
@@ -39,7 +40,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trace", default="azure-conv")
     parser.add_argument("--max-requests", type=int, default=500)
     parser.add_argument("--qps-scale", type=float, default=1.0, help="arrival rate x this")
-    parser.add_argument("--policy", default="continuous", help="passed to both sides")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, help="passed to both sides")
     parser.add_argument("--model", default="llama-3-8b")
     parser.add_argument("--hardware", default="h100")
     return parser.parse_args()

@@ -15,12 +15,14 @@ from sim.engine.core import Request
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = ENGINE_DEFAULTS.block_size
 
 
 def ours_continuous(model: Transformer, prompts: list[list[int]], outputs: list[int],
-                    max_num_seqs: int = 256) -> tuple[dict[str, list[int]], float, int]:
+                    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+                    ) -> tuple[dict[str, list[int]], float, int]:
     """All requests at t=0 through the continuous policy; outputs, wall seconds, peak batch."""
     requests = [Request(f"r{i}", 0.0, len(p), n, prompt_token_ids=list(p))
                 for i, (p, n) in enumerate(zip(prompts, outputs, strict=True))]

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from peer_workload import peer_workload  # noqa: E402
 
 from executor.loading import configure_cpu_threads  # noqa: E402 (before torch is imported)
+from sim.engine.scheduler_config import DEFAULT_POLICY  # noqa: E402
 
 CPUS = os.sched_getaffinity(0)  # before torch binds this thread to one core
 
@@ -37,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: cores)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side (best counts)")
-    parser.add_argument("--policy", default="continuous", help="continuous|recompute|chunked")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, help="continuous|recompute|chunked")
     return parser.parse_args()
 
 

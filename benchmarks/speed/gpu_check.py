@@ -25,7 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))  # the peer workload and runs
-BLOCK_SIZE = 16
+
+from sim.specs.engine_limits import ENGINE_DEFAULTS  # noqa: E402
+
+BLOCK_SIZE = ENGINE_DEFAULTS.block_size
 CONTEXT = 512
 
 

@@ -183,10 +183,11 @@ def start_server(stamps: Stamps) -> tuple[str, uvicorn.Server, EngineThread]:
     """The instrumented simulated server on a free port: its URL, uvicorn, the engine."""
     deployment = build_deployment(DeploymentOptions(model="llama-3-8b", hardware="a100-80gb"))
     tokenizer = ByteTokenizer()
-    config = SchedulerConfig(num_blocks=deployment.kv_pool.num_blocks, max_model_len=8192)
+    config = SchedulerConfig(num_blocks=deployment.kv_pool.num_blocks,
+                             max_model_len=deployment.max_model_len)
     backend = SimulatedBackend(deployment.cost_model, filler_token_id(tokenizer))
     state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size,
-                     ApiConfig("llama-3-8b", 8192), EngineThreadConfig())
+                     ApiConfig("llama-3-8b", config.max_model_len), EngineThreadConfig())
     instrument_server(stamps, state.engine)
     app = FirstWrite(add_tokenize_routes(build_app(state), state), stamps)
     sock = bind("127.0.0.1", 0)

@@ -21,6 +21,7 @@ from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from sim.replay.workload import requests_from_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import load_bundled
 from workloads.transforms import head
 
@@ -43,7 +44,8 @@ def us_per_step(n: int, policy: str) -> tuple[float, float, int]:
     """Microseconds per step and per batch row, and the step count, for the first n."""
     trace = head(load_bundled("azure-code"), n)
     backend = AnalyticCostModel.preset()
-    config = SchedulerConfig(policy=policy, num_blocks=backend.kv_pool_blocks(16))
+    num_blocks = backend.kv_pool_blocks(ENGINE_DEFAULTS.block_size)
+    config = SchedulerConfig(policy=policy, num_blocks=num_blocks)
     engine = Engine(Scheduler(config), backend)
     requests = requests_from_trace(trace)
     start = time.perf_counter()

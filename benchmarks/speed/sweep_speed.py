@@ -15,6 +15,7 @@ import time
 from servelab.sweeps.grid import DEFAULT_QPS_SCALES, SweepContext, grid
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from sim.cost.roofline import AnalyticCostModel
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import load_bundled
 
 TARGET_S = 60.0
@@ -34,7 +35,8 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also run it on local Ray")
     args = parser.parse_args()
     backend = AnalyticCostModel.preset()
-    context = SweepContext(load_bundled("azure-conv"), backend, backend.kv_pool_blocks(16))
+    num_blocks = backend.kv_pool_blocks(ENGINE_DEFAULTS.block_size)
+    context = SweepContext(load_bundled("azure-conv"), backend, num_blocks)
     points = grid(POLICIES, DEFAULT_QPS_SCALES)
     rows, wall = timed(LocalRunner(context, args.workers), points)
     print(f"{len(points)} runs of {len(context.trace):,} requests, {args.workers} workers: "

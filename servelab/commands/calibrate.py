@@ -16,6 +16,7 @@ from servelab.calibration.fit import (
     save_calibration,
 )
 from servelab.model_args import add_model_args, add_server_args, load_model_from_args
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,15 +25,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(cal)
     add_server_args(cal)
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
-    cal.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cal.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
+                     help="tokens per KV block")
     cal.add_argument("--max-model-len", type=int, default=None)
     cal.add_argument("--repeats", type=int, default=15,
                      help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
     limits = cal.add_argument_group("a server's limits, with --url (recorded in the file)")
-    limits.add_argument("--max-num-seqs", type=int, default=256,
-                        help="most running requests (vLLM's max_num_seqs; default 256)")
-    limits.add_argument("--token-budget", type=int, default=2048,
+    limits.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
+                        help="most running requests (vLLM's max_num_seqs; default "
+                             f"{ENGINE_DEFAULTS.max_num_seqs})")
+    limits.add_argument("--token-budget", type=int, default=ENGINE_DEFAULTS.token_budget,
                         help="most tokens per step (vLLM's max_num_batched_tokens)")
     limits.add_argument("--num-blocks", type=int, default=None,
                         help="KV pool in blocks, where /metrics does not publish it")

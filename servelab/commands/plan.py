@@ -12,7 +12,6 @@ from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.sweeps.grid import CapacitySlo, find_capacity
 from servelab.sweeps.plan import (
-    DEFAULT_MAX_MODEL_LEN,
     Family,
     PlanContext,
     PlanPoint,
@@ -29,6 +28,7 @@ from sim.cluster.run import DEFAULT_KV_LINK_GBPS
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import HARDWARE_SPECS
 from sim.specs.model_config import resolve_model
 
@@ -67,14 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     space.add_argument("--pd-ratios", default="1:1,1:3",
                        help="prefill:decode ratios tried besides co-located ('' for none)")
     space.add_argument("--policies", default="chunked")
-    space.add_argument("--max-num-seqs", default="256")
+    space.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs))
     space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
-                       default="2048", help="per-step token budgets")
+                       default=str(ENGINE_DEFAULTS.token_budget), help="per-step token budgets")
     space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
     space.add_argument("--gpu-prices", default="",
                        help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
     fixed = plan.add_argument_group("fixed")
-    fixed.add_argument("--block-size", type=int, default=16)
+    fixed.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
     fixed.add_argument("--max-model-len", type=int, default=None)
     fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
     fixed.add_argument("--gpu-memory-utilization", type=float,
@@ -201,9 +201,9 @@ def _print_pricing(context: PlanContext, families: list) -> None:
     print(f"priced by {_cost_name(context.cost)}")
     if context.cost != "gpu":
         return
-    # Chunked families compute at most their token budget a step (2048 unless set).
-    budget = max(f.token_budget or 2048 if f.policy == "chunked"
-                 else context.max_model_len or DEFAULT_MAX_MODEL_LEN for f in families)
+    # Chunked families compute at most their token budget a step (the default unless set).
+    budget = max(f.token_budget or ENGINE_DEFAULTS.token_budget if f.policy == "chunked"
+                 else context.max_model_len or ENGINE_DEFAULTS.max_model_len for f in families)
     for hardware in sorted({f.hardware for f in families}):
         print(f"  {gpu_coverage(context.model, hardware, budget)}")
 

@@ -23,8 +23,8 @@ from servelab.sim_args import (
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import DEFAULT_POLICY
 
-DEFAULT_POLICY = "continuous"
 DEFAULT_SIMULATED_MODEL = DeploymentOptions.model  # `servelab simulate`'s default deployment
 
 

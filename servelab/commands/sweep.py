@@ -36,6 +36,7 @@ from servelab.sweeps.rising import sweep_capacity, was_run
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 QPS_SCALES_TEXT = ",".join(f"{x:g}" for x in DEFAULT_QPS_SCALES)
 
@@ -55,10 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="KV pool sizes in blocks (default: the deployment's)")
     grid_args.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
                            default=None,
-                           help="per-step token budgets of `chunked` (default 2048)")
-    grid_args.add_argument("--max-num-seqs", default="256", help="most running requests")
+                           help="per-step token budgets of `chunked` (default "
+                                f"{ENGINE_DEFAULTS.token_budget})")
+    grid_args.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs),
+                           help="most running requests")
     limits = sweep.add_argument_group("fixed limits")
-    limits.add_argument("--block-size", type=int, default=16)
+    limits.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
     limits.add_argument("--max-model-len", type=int, default=None)
     add_prefix_caching_arg(limits)
     add_cost_model_args(sweep)

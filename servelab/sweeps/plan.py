@@ -27,11 +27,10 @@ from sim.deployment import (
     build_deployment,
 )
 from sim.engine.scheduler import SchedulerConfig
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import gpu_hour_usd
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
-
-DEFAULT_MAX_MODEL_LEN = 8192
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class Family:
     router: str = "least-requests"
     pd: tuple[int, int] | None = None  # prefill:decode engines per group; None: co-located
     policy: str = "chunked"
-    max_num_seqs: int = 256
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     token_budget: int | None = None
     # Data-parallel engines per group, an MoE model's experts sharded over all of their
     # GPUs (vLLM's --data-parallel-size with --enable-expert-parallel); 1: plain replicas.
@@ -78,8 +77,8 @@ class PlanContext:
     model: str = "llama-3-8b"
     dtype: str = "bf16"
     prices: dict[str, float] = field(default_factory=dict)  # overrides, $ per GPU-hour
-    block_size: int = 16
-    max_model_len: int | None = None  # None: the model's, at most 8192
+    block_size: int = ENGINE_DEFAULTS.block_size
+    max_model_len: int | None = None  # None: the model's, at most ENGINE_DEFAULTS' limit
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
@@ -113,7 +112,7 @@ class PlanContext:
             policy=family.policy, num_blocks=deployment.kv_pool.num_blocks,
             block_size=self.block_size, max_num_seqs=family.max_num_seqs,
             max_model_len=self.max_model_len or min(spec.max_position_embeddings,
-                                                    DEFAULT_MAX_MODEL_LEN),
+                                                    ENGINE_DEFAULTS.max_model_len),
             token_budget=family.token_budget, enable_prefix_caching=self.enable_prefix_caching)
         prefill, decode = (0, 0) if family.pd is None else family.pd
         cluster = ClusterConfig(
