@@ -15,7 +15,12 @@ from servelab.calibration.fit import (
     profile_backend,
     save_calibration,
 )
-from servelab.model_args import add_model_args, add_server_args, load_model_from_args
+from servelab.model_args import (
+    add_model_args,
+    add_server_args,
+    load_model_from_args,
+    server_from_args,
+)
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 
@@ -45,9 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.url is not None:
-        from servelab.server_calibration import calibrate_url
+        from servelab.server_calibration import UrlCalibration, calibrate_url
 
-        return calibrate_url(args)
+        return calibrate_url(UrlCalibration(
+            server_from_args(args), args.out, args.max_num_seqs, args.token_budget,
+            args.num_blocks, args.block_size, args.vocab_size, args.server_policy, args.quick,
+            args.seed))
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     loaded = load_model_from_args(args)
