@@ -63,6 +63,14 @@ class SchedulerConfig:
     swap_space_blocks: int = 0
 
     def __post_init__(self) -> None:
+        self._check_parts()
+        for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        self._check_budget()
+
+    def _check_parts(self) -> None:
+        """The policy, queue and eviction named exist, with settings they accept."""
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         if self.queue not in QUEUES:
@@ -76,9 +84,10 @@ class SchedulerConfig:
                              f"{', '.join(PREEMPTION_MODES)}")
         if self.preemption == "swap" and self.swap_space_blocks < 1:
             raise ValueError("preemption by swap needs a host pool: swap_space_blocks >= 1")
-        for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+    def _check_budget(self) -> None:
+        """A given token budget lets every running request decode each step and, where
+        prompts are not split, holds a whole prompt."""
         if self.token_budget is not None:
             if self.token_budget < 1:
                 raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
