@@ -10,17 +10,17 @@ import pandas as pd
 
 from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
-from servelab.sweeps.grid import CapacitySlo, find_capacity
-from servelab.sweeps.plan import (
+from servelab.sweeps.deployment_search import (
+    DeploymentProbe,
     Family,
-    PlanContext,
-    PlanPoint,
+    SearchContext,
     cheapest,
     fitting_families,
-    run_plan_point,
+    run_probe,
     simulate_args,
     smallest_scales,
 )
+from servelab.sweeps.grid import CapacitySlo, find_capacity
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.cluster.router import ROUTERS
@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
     slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     low, high = _list(args.rate_range, float) if args.rate_range else (1.0, 16.0)
     trace = load_trace_from_args(args)
-    context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
+    context = SearchContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
                           args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
                           open_loop=args.open_loop, quantization=args.quantization)
@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     _print_pricing(context, families)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
-    with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
+    with runner_type(context, *where, args.workers, progress=True, task=run_probe) as run:
         # One probe per worker in flight, the cheapest wanted started as soon as one ends.
         search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
                                  None if args.exhaustive else context.usd_per_hour, args.top,
@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         best = cheapest(met, per="hardware")
         run.skip(search.skipped)
         known = [[] if args.exhaustive else [r] for r in best]
-        found = find_capacity(run, [PlanPoint(_family(r), r["scale"]) for r in best], slo,
+        found = find_capacity(run, [DeploymentProbe(_family(r), r["scale"]) for r in best], slo,
                               low, high, stop_early=not args.exhaustive,
                               known=known) if best else []
         run.skip(sum(p is r for c, rows in zip(found, known, strict=True) for p in c.probes
@@ -196,7 +196,7 @@ def _cost_name(cost: str) -> str:
     return "gpu-fitted" if cost == "gpu" else "roofline"
 
 
-def _print_pricing(context: PlanContext, families: list) -> None:
+def _print_pricing(context: SearchContext, families: list) -> None:
     """Which cost model prices the probes, and (fitted) whether each GPU is in its data."""
     print(f"priced by {_cost_name(context.cost)}")
     if context.cost != "gpu":

@@ -1,4 +1,5 @@
-"""Capacity planning: the cheapest deployments that hold a latency SLO on a trace.
+"""The deployment search behind `servelab plan`: the cheapest deployments that hold a latency
+SLO on a trace (capacity planning).
 
 A family fixes the GPU, tensor-parallel degree, router, P/D ratio and engine limits; its
 scale is the number of replicas (co-located) or of P:D groups (scale x P prefill and
@@ -58,7 +59,7 @@ class Family:
 
 
 @dataclass(frozen=True)
-class PlanPoint:
+class DeploymentProbe:
     """A family at one scale and one rate: what one simulation prices."""
 
     family: Family
@@ -69,7 +70,7 @@ class PlanPoint:
 
 
 @dataclass(frozen=True)
-class PlanContext:
+class SearchContext:
     """What every probe shares: the trace (at its own rate), the model, the SLO, prices."""
 
     trace: Trace
@@ -102,7 +103,7 @@ class PlanContext:
     def backend(self, family: Family) -> AnalyticCostModel:
         return self.resolved(family).cost_model
 
-    def deployment(self, point: PlanPoint) -> tuple[AnalyticCostModel, SchedulerConfig,
+    def deployment(self, point: DeploymentProbe) -> tuple[AnalyticCostModel, SchedulerConfig,
                                                      ClusterConfig]:
         """The cost model, each engine's scheduler config and the cluster of a point."""
         family = point.family
@@ -123,7 +124,7 @@ class PlanContext:
         return backend, config, cluster
 
 
-def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
+def run_probe(context: SearchContext, point: DeploymentProbe) -> dict:
     """Simulate one point; its row: the deployment, its price, the rate, the summary."""
     backend, config, cluster = context.deployment(point)
     trace = context.trace
@@ -147,7 +148,7 @@ def run_plan_point(context: PlanContext, point: PlanPoint) -> dict:
     return row
 
 
-def fitting_families(context: PlanContext, families: Sequence[Family]
+def fitting_families(context: SearchContext, families: Sequence[Family]
                      ) -> tuple[list[Family], list[str]]:
     """The families whose model fits their GPUs, and a line for each one left out."""
     kept, skipped = [], []
@@ -204,7 +205,7 @@ def smallest_scales(runner: Runner | Stream, families: Sequence[Family], slo: Ca
         if price is not None:
             wanted.sort(key=lambda s: price(s["family"], s["next"]))
         for s in wanted[:max((batch or 1) - len(in_flight), 0)]:
-            handle = stream.submit(PlanPoint(s["family"], s["next"], verdict=verdict))
+            handle = stream.submit(DeploymentProbe(s["family"], s["next"], verdict=verdict))
             in_flight[handle] = (s, s["next"])
             s["next"] = None  # (none while this probe runs)
         if not in_flight:
@@ -287,7 +288,7 @@ def cheapest(rows: Sequence[dict], per: str | None = None) -> list[dict]:
     return list(best.values())
 
 
-def simulate_args(row: dict, context: PlanContext) -> list[str]:
+def simulate_args(row: dict, context: SearchContext) -> list[str]:
     """The `servelab simulate` flags (trace flags aside) that replay one planned deployment
     on its own."""
     dp = row.get("dp", 1)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from servelab.sweeps.deployment_search import Family, smallest_scales
 from servelab.sweeps.grid import CapacitySlo
-from servelab.sweeps.plan import Family, smallest_scales
 
 SPAN_S = 100.0
 NEEDED = {"a100-80gb": 13, "h100": 6, "h200": 5}  # smallest scale that holds, per GPU
