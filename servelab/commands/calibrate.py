@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
                         help="most running requests (vLLM's max_num_seqs; default "
                              f"{ENGINE_DEFAULTS.max_num_seqs})")
-    limits.add_argument("--token-budget", type=int, default=ENGINE_DEFAULTS.token_budget,
+    limits.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
+                        type=int, default=ENGINE_DEFAULTS.token_budget,
                         help="most tokens per step (vLLM's max_num_batched_tokens)")
     limits.add_argument("--num-blocks", type=int, default=None,
                         help="KV pool in blocks, where /metrics does not publish it")
