@@ -32,6 +32,7 @@ from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.workload import requests_from_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import open_trace
 
 REFERENCE_S = 41.0  # one replica of azure-code in the best existing simulator
@@ -67,7 +68,8 @@ def main() -> None:
                else kernel_cost_backend(roofline.model, roofline.hardware,
                                         KernelTables.load("h100")) if args.cost == "kernels"
                else gpu_cost_backend(roofline.model, roofline.hardware))
-    config = SchedulerConfig(policy="chunked", num_blocks=roofline.kv_pool_blocks(16))
+    config = SchedulerConfig(policy="chunked",
+                             num_blocks=roofline.kv_pool_blocks(ENGINE_DEFAULTS.block_size))
     replicas = [Engine(Scheduler(config), backend, allow_fast_forward=not args.listed)
                 for _ in range(cluster.num_engines)]
     start = time.perf_counter()

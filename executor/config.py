@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.specs.model_specs import ModelSpec, model_spec
+from sim.specs.model_specs import ModelSpec, default_head_dim, model_spec
 
 # HF `architectures` entries this executor runs: all Llama-family decoders.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -46,7 +46,7 @@ class ModelArgs:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
-    head_dim: int = 0  # 0: dim // n_heads
+    head_dim: int  # a query head's width (default_head_dim: dim // n_heads)
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = RopeScaling()
@@ -60,10 +60,6 @@ class ModelArgs:
                     "vocab_size", "max_position_embeddings"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model {self.name}: {key} must be >= 1, got {getattr(self, key)}")
-        if self.head_dim == 0:
-            if self.dim % self.n_heads:
-                raise ValueError(f"model {self.name}: dim {self.dim} not divisible by n_heads")
-            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
         if self.head_dim < 2 or self.head_dim % 2:
             raise ValueError(f"model {self.name}: head_dim must be even, got {self.head_dim}")
         if self.n_heads % self.n_kv_heads:
@@ -83,7 +79,7 @@ class ModelArgs:
             dim=spec.hidden_size, n_layers=spec.num_layers, n_heads=spec.num_heads,
             n_kv_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
             vocab_size=spec.vocab_size, max_position_embeddings=spec.max_position_embeddings,
-            rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta,
+            head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta,
             tie_word_embeddings=spec.tie_word_embeddings, qkv_bias=spec.qkv_bias, name=spec.name,
         )
 
@@ -118,7 +114,8 @@ class ModelArgs:
                 intermediate_size=int(config["intermediate_size"]),
                 vocab_size=int(config["vocab_size"]),
                 max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-                head_dim=int(config.get("head_dim") or 0),
+                head_dim=int(config.get("head_dim") or 0)
+                or default_head_dim(name, int(config["hidden_size"]), n_heads),
                 rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
                 rope_scaling=_rope_scaling(rope, name),

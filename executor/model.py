@@ -217,7 +217,7 @@ class Transformer(nn.Module):
 
     def use_row_ops(self, on: bool) -> None:
         """Run RMSNorm, SiLU-and-multiply and RoPE with the KV write as servelab's native ops
-        (a native model only) or as torch ops (benchmarks/row_ops.py compares the two)."""
+        (a native model only) or as torch ops (benchmarks/speed/row_ops.py compares the two)."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, FeedForward)):
                 module.native = on and self.native

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from executor.loading import DEFAULT_KV_CACHE_GIB, LoadedModel
+
+if TYPE_CHECKING:  # the HTTP client loads only when a command talks to a server
+    from servelab.bench.connection import BenchConfig
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_model: str = "peer-45m") -> None:
@@ -45,3 +49,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="prompt token ids are drawn below this (default: the server's)")
     group.add_argument("--server-policy", default="chunked",
                        help="the server's batching policy (vLLM v1: chunked)")
+
+
+def server_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The server --url, --model and --api-key name."""
+    from servelab.bench.connection import BenchConfig
+
+    return BenchConfig(args.url, args.model, args.api_key)

@@ -17,24 +17,29 @@ from sim.deployment import (
     DeploymentOptions,
 )
 from sim.engine.scheduler import POLICIES, SchedulerConfig
-from sim.engine.scheduler_config import PREEMPTION_MODES, QUEUES
+from sim.engine.scheduler_config import DEFAULT_POLICY, PREEMPTION_MODES, QUEUES
 from sim.replay.metrics import Slo
-from workloads.files import atomic_output
+from sim.specs.engine_limits import ENGINE_DEFAULTS
+from workloads.formats.files import atomic_output
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     """--max-num-seqs, --num-blocks, --block-size, --token-budget, --max-model-len."""
     group = parser.add_argument_group("scheduler")
-    group.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
+    group.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
+                       help="most running requests")
     group.add_argument("--num-blocks", type=int, default=None,
                        help="KV pool in blocks (default: GPU memory left after weights "
                             "when simulating, --kv-cache-gib on the executor)")
-    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    group.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
+                       help="tokens per KV block")
     group.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
                        type=int, default=None,
-                       help="most tokens per step (default: 2048 chunked, else max-model-len)")
+                       help=f"most tokens per step (default: {ENGINE_DEFAULTS.token_budget} "
+                            "chunked, else max-model-len)")
     group.add_argument("--max-model-len", type=int, default=None,
-                       help="prompt+output limit per request (default: the model's, <= 8192)")
+                       help="prompt+output limit per request (default: the model's, <= "
+                            f"{ENGINE_DEFAULTS.max_model_len})")
     add_prefix_caching_arg(group)
     queue = parser.add_argument_group("queue order")
     queue.add_argument("--queue", default="fcfs", choices=QUEUES,
@@ -123,9 +128,9 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
 def deployment_scheduler_config(args: argparse.Namespace, policy: str | None,
                                 deployment: Deployment) -> SchedulerConfig:
     """scheduler_config on a deployment's KV pool and length; `policy` None: the calibrated
-    server's policy, else continuous."""
+    server's policy, else DEFAULT_POLICY."""
     server = dict(deployment.server_limits)
-    return scheduler_config(args, policy or server.get("policy") or "continuous",
+    return scheduler_config(args, policy or server.get("policy") or DEFAULT_POLICY,
                             deployment.kv_pool.num_blocks, deployment.max_model_len,
                             deployment.kv_pool.blocks_in_gib, server)
 
@@ -250,7 +255,8 @@ def _profile_limits(args: argparse.Namespace) -> dict[str, int]:
 
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.
-SERVER_LIMIT_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "token_budget": None,
+SERVER_LIMIT_DEFAULTS = {"block_size": ENGINE_DEFAULTS.block_size,
+                         "max_num_seqs": ENGINE_DEFAULTS.max_num_seqs, "token_budget": None,
                          "enable_prefix_caching": True, "policy": None}
 
 

@@ -18,14 +18,13 @@ from sim.cost.kernel_cost import kernel_cost_backend
 from sim.cost.kernel_tables import KernelTableError, KernelTables, measured_versions
 from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel
 from sim.engine.core import Backend
+from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
-from sim.specs.kv_reserve import DEFAULT_PROFILE_TOKENS, ProfileShape, vllm_reserve_bytes
+from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
 from sim.specs.model_specs import ModelSpec
 
-DEFAULT_MAX_MODEL_LEN = 8192  # servelab's cap on the model's own context by default
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
-DEFAULT_BLOCK_SIZE = 16  # vLLM's block_size on CUDA
 # --cost values: auto prices with vLLM's measured kernels where the GPU and version have
 # tables (sim.cost.kernel_tables), else with the fitted model; kernels insists on tables.
 COSTS = ("auto", "kernels", "gpu", "roofline")
@@ -54,13 +53,13 @@ class DeploymentOptions:
     tensor_parallel: int = 1
     data_parallel: int = 1
     expert_parallel: bool = False
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int = ENGINE_DEFAULTS.block_size
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_blocks: int | None = None  # overrides the sized pool
     # What vLLM's memory profile runs (the reserve grows with both): None tokens is
-    # servelab's default budget, sim.specs.kv_reserve.DEFAULT_PROFILE_TOKENS.
+    # servelab's default budget, ENGINE_DEFAULTS.token_budget.
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     cost_model: Path | None = None  # a calibration instead of the analytic model
     # What prices steps (COSTS): auto (vLLM's measured kernels where the GPU has tables,
     # else the fitted model), kernels, gpu (fitted on GPU profiles) or roofline.
@@ -98,7 +97,7 @@ class KvPool:
 
     def blocks_in_gib(self, gib: float) -> int:
         """KV blocks `gib` GiB of memory holds (host swap space, --swap-space-gib)."""
-        return int(gib * 2**30) // self.block_bytes
+        return kv_blocks(gib * GiB, self.block_bytes)
 
     def describe(self) -> str:
         """One line: blocks, and the vLLM sizing rule's terms when sized by it."""
@@ -122,7 +121,7 @@ class Deployment:
     parallel: Parallelism
     kv_pool: KvPool
     cost_model: Backend = field(compare=False)
-    max_model_len: int  # the model's context, capped at DEFAULT_MAX_MODEL_LEN
+    max_model_len: int  # the model's context, capped at ENGINE_DEFAULTS.max_model_len
     description: str  # a few words for headers: "llama-3-8b on h100 (bf16)"
     # Limits of the server a calibration came from (`calibrate --url`): flag defaults give
     # way to them. Sorted (name, value) pairs; empty for the analytic model.
@@ -192,7 +191,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
     return Deployment(model, hardware, dtype, parallel, pool, priced,
-                      min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN),
+                      min(model.max_position_embeddings, ENGINE_DEFAULTS.max_model_len),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",
                       quantization=options.quantization, vllm_version=vllm_version)
 
@@ -200,7 +199,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
                    parallel: Parallelism) -> int:
     """What vLLM's memory profile holds back on each GPU for these limits (sim.specs.kv_reserve)."""
-    tokens = options.max_num_batched_tokens or DEFAULT_PROFILE_TOKENS
+    tokens = options.max_num_batched_tokens or ENGINE_DEFAULTS.token_budget
     try:
         shape = ProfileShape(tokens, options.max_num_seqs)
     except ValueError as error:
@@ -239,7 +238,8 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
             fallback = f"no measured vLLM kernels ({error}): extrapolated from the datasheet; "
     fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
                               quantization=quantization)
-    line = f"gpu-fitted: {fallback}{gpu_coverage(model.name, hardware.name, 2048)}"
+    budget = ENGINE_DEFAULTS.token_budget
+    line = f"gpu-fitted: {fallback}{gpu_coverage(model.name, hardware.name, budget)}"
     if quantization:
         line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
                  "(extrapolated)")
@@ -267,7 +267,7 @@ def _calibrated(options: DeploymentOptions, model: ModelSpec, dtype: str,
     meta = cost.meta
     server = meta.get("server") or {}
     block_size = options.block_size  # a calibrated server's, unless given
-    if block_size == DEFAULT_BLOCK_SIZE and server.get("block_size"):
+    if block_size == ENGINE_DEFAULTS.block_size and server.get("block_size"):
         block_size = server["block_size"]
     if meta.get("block_size", block_size) != block_size:
         raise ValueError(f"{options.cost_model}: calibrated with block size "

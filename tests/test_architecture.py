@@ -1,4 +1,5 @@
-"""The rooms and their doors: which package may import which, no import circles, small folders.
+"""The rooms and their doors: which package may import which, no import circles, small folders
+and short functions.
 
 Every import counts, function-local ones included (they run too); only imports under
 `if TYPE_CHECKING:` are left out, since they never run. docs/architecture.md draws the same
@@ -19,8 +20,8 @@ PACKAGES = ("workloads", "sim", "executor", "servelab")
 # a room imports only rooms listed before it.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "workloads": (),
-    "sim.engine": ("workloads",),
-    "sim.specs": (),
+    "sim.specs": (),  # specifications as data, and the engine's default limits
+    "sim.engine": ("workloads", "sim.specs"),
     "sim.cost": ("workloads", "sim.engine", "sim.specs"),
     "sim.replay": ("workloads", "sim.engine", "sim.specs", "sim.cost"),
     "sim.cluster": ("workloads", "sim.engine", "sim.specs", "sim.cost", "sim.replay"),
@@ -29,6 +30,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "servelab": ("workloads", "sim", "executor"),
 }
 MAX_MODULES_PER_FOLDER = 15
+MAX_FUNCTION_LINES = 60
 
 
 def _modules() -> dict[str, Path]:
@@ -139,6 +141,18 @@ def test_no_folder_holds_more_than_fifteen_modules():
             if count > MAX_MODULES_PER_FOLDER:
                 crowded.append(f"{folder.relative_to(ROOT)}: {count}")
     assert not crowded, crowded
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    """Counted from `def` to the last line of the body, decorators aside."""
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name} (line {node.lineno}): {lines} lines")
+    assert not long, "functions over the limit:\n" + "\n".join(long)
 
 
 def test_installed_top_level_names_are_the_four_packages():

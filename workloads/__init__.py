@@ -1,25 +1,16 @@
 """Workloads: request traces (real and synthetic), loaders, generators, transforms."""
 
 from workloads.bundled import BUNDLED, load_bundled
-from workloads.generators import (
-    Empirical,
-    Fixed,
-    LengthDist,
-    LogNormal,
-    Pareto,
-    SyntheticSpec,
-    Uniform,
-    gamma_arrivals_s,
-    generate_trace,
-    poisson_arrivals_s,
-)
-from workloads.inference_perf import ConfigError, read_inference_perf
-from workloads.loaders import FORMATS, detect_format, load_trace
+from workloads.formats.inference_perf import ConfigError, read_inference_perf
+from workloads.formats.loaders import FORMATS, detect_format, load_trace
+from workloads.formats.writers import save_trace
 from workloads.sessions import Seconds, SessionSpec
-from workloads.shapes import Stage
 from workloads.sources import open_trace
-from workloads.spec import SPEC_HELP, SpecError, is_synthetic_spec, parse_spec
 from workloads.summary import TraceSummary, format_summary, summarize
+from workloads.synthetic.arrivals import Stage, gamma_arrivals_s, poisson_arrivals_s
+from workloads.synthetic.generators import SyntheticSpec, generate_trace
+from workloads.synthetic.lengths import Empirical, Fixed, LengthDist, LogNormal, Pareto, Uniform
+from workloads.synthetic.spec import SPEC_HELP, SpecError, is_synthetic_spec, parse_spec
 from workloads.trace import PREFIX_BLOCK_TOKENS, SessionColumns, Trace
 from workloads.transforms import (
     TraceTransforms,
@@ -31,47 +22,3 @@ from workloads.transforms import (
     with_hash_block_tokens,
 )
 from workloads.validate import TraceError
-from workloads.writers import save_trace
-
-__all__ = [
-    "BUNDLED",
-    "FORMATS",
-    "PREFIX_BLOCK_TOKENS",
-    "SPEC_HELP",
-    "ConfigError",
-    "Empirical",
-    "Fixed",
-    "LengthDist",
-    "LogNormal",
-    "Pareto",
-    "Seconds",
-    "SessionColumns",
-    "SessionSpec",
-    "SpecError",
-    "Stage",
-    "SyntheticSpec",
-    "Trace",
-    "TraceError",
-    "TraceSummary",
-    "TraceTransforms",
-    "Uniform",
-    "clip_lengths",
-    "read_inference_perf",
-    "with_hash_block_tokens",
-    "detect_format",
-    "format_summary",
-    "gamma_arrivals_s",
-    "generate_trace",
-    "head",
-    "is_synthetic_spec",
-    "load_bundled",
-    "load_trace",
-    "open_trace",
-    "parse_spec",
-    "poisson_arrivals_s",
-    "save_trace",
-    "scale_lengths",
-    "scale_qps",
-    "summarize",
-    "time_window",
-]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from workloads.loaders import load_trace
+from workloads.formats.loaders import load_trace
 from workloads.trace import Trace
 
 # name -> file in workloads/data; sources, licenses and citations are in its README.md.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workloads.generators import LengthDist
+from workloads.synthetic.lengths import LengthDist
 from workloads.trace import Trace
 
 

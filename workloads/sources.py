@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from workloads.bundled import BUNDLED, load_bundled
-from workloads.generators import generate_parts, generate_trace, part_rngs
-from workloads.inference_perf import is_inference_perf_config, read_inference_perf
-from workloads.loaders import load_trace
-from workloads.spec import is_synthetic_spec, parse_parts
+from workloads.formats.inference_perf import is_inference_perf_config, read_inference_perf
+from workloads.formats.loaders import load_trace
+from workloads.formats.vllm_bench import is_vllm_spec, vllm_trace
+from workloads.synthetic.generators import generate_parts, generate_trace, part_rngs
+from workloads.synthetic.spec import is_synthetic_spec, parse_parts
 from workloads.trace import Trace
-from workloads.vllm_bench import is_vllm_spec, vllm_trace
 
 
 def open_trace(source: str, fmt: str | None = None, seed: int = 0) -> Trace:

@@ -42,7 +42,8 @@ class TraceSummary:
     output_len_p99: float
     prefix_blocks: int | None = None  # prefix block ids in all rows (None without ids)
     unique_prefix_blocks: int | None = None
-    # Prefix cache hit rate with an unbounded KV pool (prefix_reuse_ceiling); None without ids.
+    # Prefix cache hit rate with an unbounded KV pool (prefix_reuse_ceiling); None without ids
+    # or without the engine's block size.
     prefix_reuse_ceiling: float | None = None
     sessions: int | None = None  # conversations (or closed-loop users); None: no sessions
     turns_mean: float | None = None  # requests per session
@@ -55,8 +56,9 @@ class TraceSummary:
         return asdict(self)
 
 
-def summarize(trace: Trace) -> TraceSummary:
-    """Compute a TraceSummary (vectorized: milliseconds for 20k requests)."""
+def summarize(trace: Trace, block_size: int | None = None) -> TraceSummary:
+    """Compute a TraceSummary (vectorized: milliseconds for 20k requests); with the engine's
+    KV `block_size`, the prefix reuse ceiling in its blocks too."""
     arrival_s, prompt, output = trace.arrival_s, trace.prompt_len, trace.output_len
     gaps_s = np.diff(arrival_s)
     span_s = trace.span_s
@@ -65,7 +67,7 @@ def summarize(trace: Trace) -> TraceSummary:
     if trace.has_prefix_hashes:
         ids = [block for row in trace.table["prefix_hash_ids"] for block in row]
         blocks, unique = len(ids), len(set(ids))
-        ceiling = prefix_reuse_ceiling(trace)
+        ceiling = None if block_size is None else prefix_reuse_ceiling(trace, block_size)
     return TraceSummary(
         name=trace.name,
         requests=len(trace),
@@ -128,7 +130,7 @@ def _rate(requests: int, span_s: float) -> float | None:
     return (requests - 1) / span_s if span_s > 0 else None
 
 
-def prefix_reuse_ceiling(trace: Trace, block_size: int = 16) -> float:
+def prefix_reuse_ceiling(trace: Trace, block_size: int) -> float:
     """Share of prompt tokens a prefix cache that never evicts could serve (0 without ids).
 
     In arrival order, a request reuses the longest prefix of its hash ids (with their token

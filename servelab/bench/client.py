@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from servelab.bench.closed_loop import chains_of, drive
+from servelab.bench.closed_loop import drive
 from servelab.bench.connection import (
     COUNTERS,
     BenchConfig,
@@ -40,6 +40,7 @@ from servelab.bench.prompts import (
 from sim.engine.core import FinishReason, Request
 from sim.replay.metrics import Slo, summarize
 from sim.replay.simulation import RunResult
+from workloads.sessions import chains_of
 from workloads.trace import Trace
 
 # Step-level keys of sim.replay.metrics.summarize that a client cannot observe.

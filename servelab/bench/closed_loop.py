@@ -15,10 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from servelab.bench.prompts import Conversation
-from workloads.sessions import Chain, chains_of
-
-__all__ = ["Chain", "SendRow", "chains_of", "drive"]
-
+from workloads.sessions import Chain
 
 # Sends request `row` of the run (carrying `conversation`, None outside sessions); returns
 # once its answer has ended, however it ended.

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+import sim
 from sim.cost.gpu_shapes import LayerShapes, known_shapes
 
-DATA_DIR = Path(__file__).parent / "gpu_data"
+# The measured data's root: one folder per source, each with its licence and README.
+DATA_DIR = Path(sim.__file__).parent / "data"
 
 # Vidur's folder names -> servelab names.
 VIDUR_GPUS = {"a100": "a100-80gb", "h100": "h100"}

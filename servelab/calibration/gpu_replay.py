@@ -90,7 +90,8 @@ def replay(run: VllmRun, gpu_file: Path | None = None) -> dict:
     if not isinstance(model, GpuCostModel):
         raise ValueError(f"{run.name}: expected the fitted GPU model, got {type(model).__name__}")
     config = SchedulerConfig(policy="chunked", num_blocks=deployment.kv_pool.num_blocks,
-                             block_size=16, max_num_seqs=kw["max_num_seqs"],
+                             block_size=deployment.kv_pool.block_size,
+                             max_num_seqs=kw["max_num_seqs"],
                              token_budget=kw["max_num_batched_tokens"],
                              max_model_len=kw.get("max_model_len") or 40960,
                              enable_prefix_caching=True)

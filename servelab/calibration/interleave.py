@@ -20,9 +20,9 @@ class Interleaved:
     measured run's steps, keeping the grid's time near `share` x the runs' time, so the
     calibration samples the machine at the moments the runs do (a shared machine's speed
     drifts over minutes; timed inside a run, a shape costs what the run's own step of that
-    shape does: benchmarks/profile_vs_run.py), on the run's own backend where the shape fits
-    in its free KV blocks (`use_backend`). A run's clock advances by its own steps alone
-    (measured_run), so the shapes in between change none of its metrics."""
+    shape does: benchmarks/fidelity/profile_vs_run.py), on the run's own backend where the
+    shape fits in its free KV blocks (`use_backend`). A run's clock advances by its own steps
+    alone (measured_run), so the shapes in between change none of its metrics."""
 
     def __init__(self, profile, share: float = GRID_SHARE, on_step=None) -> None:
         self.profile, self.share, self.then = profile, share, on_step

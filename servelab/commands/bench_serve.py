@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from servelab.bench_capacity import add_capacity_args, run_capacity
+from servelab.bench_capacity import run_capacity
+from servelab.capacity_args import add_capacity_args, capacity_options
 from servelab.sim_args import format_summaries, slo_from_args, write_json_atomic
 from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.find_capacity:
         if args.users is not None:
             raise ValueError("--find-capacity raises the rate; it does not combine with --users")
-        return run_capacity(args, trace, config)
+        return run_capacity(capacity_options(args), trace, config)
     slo = slo_from_args(args)
     with tqdm(total=len(trace), unit="req", file=sys.stderr, leave=False, disable=None) as bar:
         model, vocab, result = asyncio.run(replay_trace(trace, config, args.vocab_size,

@@ -15,7 +15,13 @@ from servelab.calibration.fit import (
     profile_backend,
     save_calibration,
 )
-from servelab.model_args import add_model_args, add_server_args, load_model_from_args
+from servelab.model_args import (
+    add_model_args,
+    add_server_args,
+    load_model_from_args,
+    server_from_args,
+)
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,15 +30,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(cal)
     add_server_args(cal)
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
-    cal.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cal.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
+                     help="tokens per KV block")
     cal.add_argument("--max-model-len", type=int, default=None)
     cal.add_argument("--repeats", type=int, default=15,
                      help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
     limits = cal.add_argument_group("a server's limits, with --url (recorded in the file)")
-    limits.add_argument("--max-num-seqs", type=int, default=256,
-                        help="most running requests (vLLM's max_num_seqs; default 256)")
-    limits.add_argument("--token-budget", type=int, default=2048,
+    limits.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
+                        help="most running requests (vLLM's max_num_seqs; default "
+                             f"{ENGINE_DEFAULTS.max_num_seqs})")
+    limits.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
+                        type=int, default=ENGINE_DEFAULTS.token_budget,
                         help="most tokens per step (vLLM's max_num_batched_tokens)")
     limits.add_argument("--num-blocks", type=int, default=None,
                         help="KV pool in blocks, where /metrics does not publish it")
@@ -42,9 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.url is not None:
-        from servelab.server_calibration import calibrate_url
+        from servelab.server_calibration import UrlCalibration, calibrate_url
 
-        return calibrate_url(args)
+        return calibrate_url(UrlCalibration(
+            server_from_args(args), args.out, args.max_num_seqs, args.token_budget,
+            args.num_blocks, args.block_size, args.vocab_size, args.server_policy, args.quick,
+            args.seed))
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     loaded = load_model_from_args(args)

@@ -10,18 +10,17 @@ import pandas as pd
 
 from servelab.cluster_args import parse_pd
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
-from servelab.sweeps.grid import CapacitySlo, find_capacity
-from servelab.sweeps.plan import (
-    DEFAULT_MAX_MODEL_LEN,
+from servelab.sweeps.deployment_search import (
+    DeploymentProbe,
     Family,
-    PlanContext,
-    PlanPoint,
+    SearchContext,
     cheapest,
     fitting_families,
-    run_plan_point,
+    run_probe,
     simulate_args,
     smallest_scales,
 )
+from servelab.sweeps.grid import CapacitySlo, find_capacity
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.cluster.router import ROUTERS
@@ -29,6 +28,7 @@ from sim.cluster.run import DEFAULT_KV_LINK_GBPS
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import HARDWARE_SPECS
 from sim.specs.model_config import resolve_model
 
@@ -67,14 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     space.add_argument("--pd-ratios", default="1:1,1:3",
                        help="prefill:decode ratios tried besides co-located ('' for none)")
     space.add_argument("--policies", default="chunked")
-    space.add_argument("--max-num-seqs", default="256")
+    space.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs))
     space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
-                       default="2048", help="per-step token budgets")
+                       default=str(ENGINE_DEFAULTS.token_budget), help="per-step token budgets")
     space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
     space.add_argument("--gpu-prices", default="",
                        help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
     fixed = plan.add_argument_group("fixed")
-    fixed.add_argument("--block-size", type=int, default=16)
+    fixed.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
     fixed.add_argument("--max-model-len", type=int, default=None)
     fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
     fixed.add_argument("--gpu-memory-utilization", type=float,
@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
     slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     low, high = _list(args.rate_range, float) if args.rate_range else (1.0, 16.0)
     trace = load_trace_from_args(args)
-    context = PlanContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
+    context = SearchContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
                           args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
                           open_loop=args.open_loop, quantization=args.quantization)
@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     _print_pricing(context, families)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
-    with runner_type(context, *where, args.workers, progress=True, task=run_plan_point) as run:
+    with runner_type(context, *where, args.workers, progress=True, task=run_probe) as run:
         # One probe per worker in flight, the cheapest wanted started as soon as one ends.
         search = smallest_scales(run, families, slo, args.max_engines, not args.exhaustive,
                                  None if args.exhaustive else context.usd_per_hour, args.top,
@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         best = cheapest(met, per="hardware")
         run.skip(search.skipped)
         known = [[] if args.exhaustive else [r] for r in best]
-        found = find_capacity(run, [PlanPoint(_family(r), r["scale"]) for r in best], slo,
+        found = find_capacity(run, [DeploymentProbe(_family(r), r["scale"]) for r in best], slo,
                               low, high, stop_early=not args.exhaustive,
                               known=known) if best else []
         run.skip(sum(p is r for c, rows in zip(found, known, strict=True) for p in c.probes
@@ -196,14 +196,14 @@ def _cost_name(cost: str) -> str:
     return "gpu-fitted" if cost == "gpu" else "roofline"
 
 
-def _print_pricing(context: PlanContext, families: list) -> None:
+def _print_pricing(context: SearchContext, families: list) -> None:
     """Which cost model prices the probes, and (fitted) whether each GPU is in its data."""
     print(f"priced by {_cost_name(context.cost)}")
     if context.cost != "gpu":
         return
-    # Chunked families compute at most their token budget a step (2048 unless set).
-    budget = max(f.token_budget or 2048 if f.policy == "chunked"
-                 else context.max_model_len or DEFAULT_MAX_MODEL_LEN for f in families)
+    # Chunked families compute at most their token budget a step (the default unless set).
+    budget = max(f.token_budget or ENGINE_DEFAULTS.token_budget if f.policy == "chunked"
+                 else context.max_model_len or ENGINE_DEFAULTS.max_model_len for f in families)
     for hardware in sorted({f.hardware for f in families}):
         print(f"  {gpu_coverage(context.model, hardware, budget)}")
 

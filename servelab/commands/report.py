@@ -2,7 +2,7 @@
 scratch: batching measured and simulated, the ITL spike of a long prefill, an undersized
 KV pool, latency vs load with capacity at SLO, simulator fidelity (against the executor, the
 fitted GPU model against GPU measurements, and against vLLM from the committed run of
-benchmarks/server_fidelity.py), prefix caching, conversations (multi-turn chat against
+benchmarks/peers/server_fidelity.py), prefix caching, conversations (multi-turn chat against
 single-turn, and routers across replicas), clusters (replicas per router, and
 prefill/decode disaggregation), and queue orders with preemption by swap.
 """
@@ -67,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     log("the fitted GPU model against GPU measurements")
     done.append(gpu_fidelity_section(figures))
     vllm = args.out / "fidelity" / "vllm-server"
-    if (vllm / "calibration.json").exists():  # benchmarks/server_fidelity.py's committed run
+    if (vllm / "calibration.json").exists():  # benchmarks/peers/server_fidelity.py's committed run
         done.append(server_fidelity(vllm, figures))
     log("prefix caching against KV pool size")
     done.append(prefix_caching(figures, args.workers))

@@ -28,6 +28,7 @@ from servelab.sim_args import (
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.cluster.closed_loop import closed_loop
 from sim.engine.core import SamplingParams
+from sim.engine.scheduler_config import DEFAULT_POLICY, POLICIES
 from sim.policy_runs import RunTables, run_tables
 from sim.replay.metrics import summarize
 from sim.replay.workload import requests_from_trace
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser("run", help="replay a trace on the real model (measured)")
     add_trace_args(run, positional=False)
     run.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
-    run.add_argument("--policy", default="continuous", help="static|continuous|recompute|chunked")
+    run.add_argument("--policy", default=DEFAULT_POLICY, help="|".join(POLICIES))
     add_scheduler_args(run)
     add_model_args(run)
     sampling = run.add_argument_group("sampling (per request; seeded from --seed and its id)")

@@ -23,8 +23,8 @@ from servelab.sim_args import (
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import DEFAULT_POLICY
 
-DEFAULT_POLICY = "continuous"
 DEFAULT_SIMULATED_MODEL = DeploymentOptions.model  # `servelab simulate`'s default deployment
 
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _executor_parts(args: argparse.Namespace) -> _Parts:
     """The model on the executor: torch threads pinned, the build run on its own thread."""
-    from executor.threads import configure_cpu_threads
+    from executor.loading import configure_cpu_threads
     from servelab.serve.server import call_on_thread
 
     simulator_only = [f for f, v in (

@@ -21,6 +21,7 @@ from servelab.sim_args import (
 )
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
+from sim.engine.scheduler_config import DEFAULT_POLICY
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from workloads import Trace
 
@@ -61,7 +62,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     backend, where = deployment.cost_model, deployment.description
     if policies is None:  # simulate: its --policy, or the calibrated server's
         server_policy = dict(deployment.server_limits).get("policy")
-        policies = parse_policies(args.policy or server_policy or "continuous")
+        policies = parse_policies(args.policy or server_policy or DEFAULT_POLICY)
     configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

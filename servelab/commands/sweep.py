@@ -35,7 +35,8 @@ from servelab.sweeps.grid import (
 from servelab.sweeps.rising import sweep_capacity, was_run
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
-from sim.deployment import build_deployment
+from sim.deployment import Deployment, build_deployment
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 QPS_SCALES_TEXT = ",".join(f"{x:g}" for x in DEFAULT_QPS_SCALES)
 
@@ -55,10 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="KV pool sizes in blocks (default: the deployment's)")
     grid_args.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
                            default=None,
-                           help="per-step token budgets of `chunked` (default 2048)")
-    grid_args.add_argument("--max-num-seqs", default="256", help="most running requests")
+                           help="per-step token budgets of `chunked` (default "
+                                f"{ENGINE_DEFAULTS.token_budget})")
+    grid_args.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs),
+                           help="most running requests")
     limits = sweep.add_argument_group("fixed limits")
-    limits.add_argument("--block-size", type=int, default=16)
+    limits.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
     limits.add_argument("--max-model-len", type=int, default=None)
     add_prefix_caching_arg(limits)
     add_cost_model_args(sweep)
@@ -107,21 +110,10 @@ def _run(args: argparse.Namespace) -> int:
                   _numbers(args.token_budgets, int, "--token-budgets"),
                   _numbers(args.max_num_seqs, int, "--max-num-seqs"))
     capacity_slo = CapacitySlo(args.capacity_ttft_p99_ms, args.capacity_itl_p99_ms)
-    bounds = _numbers(args.capacity_range, float, "--capacity-range")
-    if len(bounds) != 2 or bounds[0] >= bounds[1]:
-        raise ValueError(f"--capacity-range: expected LOW,HIGH with 0 < low < high, "
-                         f"got {args.capacity_range!r}")
-    low, high = bounds
+    low, high = _capacity_range(args.capacity_range)
     deployment = build_deployment(deployment_options(args))
     where = deployment.description
-    # A calibrated server's prefix caching, unless the flag turned it off.
-    caching = args.enable_prefix_caching and dict(deployment.server_limits).get(
-        "enable_prefix_caching", True)
-    context = SweepContext(load_trace_from_args(args), deployment.cost_model,
-                           deployment.kv_pool.num_blocks, deployment.kv_pool.block_size,
-                           args.max_model_len or deployment.max_model_len, slo_from_args(args),
-                           caching, cluster_from_args(args, deployment),
-                           open_loop=args.open_loop)
+    context = _context(args, deployment)
     for point in points:  # a bad combination fails now, before any run
         context.config(point)
     if args.ray is not None:
@@ -150,12 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     print(format_sweep(table))
     if capacities:
         print(format_capacity(capacities, capacity_slo))
-        counts = runner.counts
-        implied = sum(c.implied for c in capacities)
-        reused = sum(p is r for c in capacities for p in c.probes for r in rows) - implied
-        print(f"  {counts['started'] - grid_runs} capacity runs, {counts['stopped']} of them "
-              f"stopped early (certain to miss the SLO); {reused} probes reused a sweep row"
-              + (f", {implied} decided by one at another rate (not run)" if shortcuts else ""))
+        print(_capacity_runs(runner.counts, capacities, rows, grid_runs, shortcuts))
     if args.out is not None:
         _write_out(args.out, table, capacities, capacity_slo, trace.name)
     if args.json is not None:
@@ -163,6 +150,37 @@ def _run(args: argparse.Namespace) -> int:
                                       "deployment_spec": deployment.to_dict(),
                                       "capacity": capacity_records(capacities, capacity_slo)})
     return 0
+
+
+def _capacity_range(text: str) -> tuple[float, float]:
+    """--capacity-range LOW,HIGH."""
+    bounds = _numbers(text, float, "--capacity-range")
+    if len(bounds) != 2 or bounds[0] >= bounds[1]:
+        raise ValueError(f"--capacity-range: expected LOW,HIGH with 0 < low < high, "
+                         f"got {text!r}")
+    return bounds[0], bounds[1]
+
+
+def _context(args: argparse.Namespace, deployment: Deployment) -> SweepContext:
+    """What every point shares: the trace, the deployment's cost model, pool and limits."""
+    # A calibrated server's prefix caching, unless the flag turned it off.
+    caching = args.enable_prefix_caching and dict(deployment.server_limits).get(
+        "enable_prefix_caching", True)
+    return SweepContext(load_trace_from_args(args), deployment.cost_model,
+                        deployment.kv_pool.num_blocks, deployment.kv_pool.block_size,
+                        args.max_model_len or deployment.max_model_len, slo_from_args(args),
+                        caching, cluster_from_args(args, deployment),
+                        open_loop=args.open_loop)
+
+
+def _capacity_runs(counts: dict, capacities: list[Capacity], rows: list[dict],
+                   grid_runs: int, shortcuts: bool) -> str:
+    """One line: the capacity search's own runs, and what it reused or decided unrun."""
+    implied = sum(c.implied for c in capacities)
+    reused = sum(p is r for c in capacities for p in c.probes for r in rows) - implied
+    return (f"  {counts['started'] - grid_runs} capacity runs, {counts['stopped']} of them "
+            f"stopped early (certain to miss the SLO); {reused} probes reused a sweep row"
+            + (f", {implied} decided by one at another rate (not run)" if shortcuts else ""))
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
@@ -226,7 +244,7 @@ def format_capacity(capacities: list[Capacity], slo: CapacitySlo) -> str:
 def _write_out(out_dir: Path, table: pd.DataFrame, capacities: list[Capacity],
                slo: CapacitySlo, title: str) -> None:
     from servelab.reporting.charts.sweep_charts import latency_vs_load
-    from workloads.files import atomic_output
+    from workloads.formats.files import atomic_output
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, write in (("sweep.parquet", table.to_parquet), ("sweep.csv", table.to_csv)):

@@ -6,9 +6,10 @@ import argparse
 import json
 
 from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import format_summary, save_trace, summarize
-from workloads.files import atomic_output
-from workloads.writers import output_format
+from workloads.formats.files import atomic_output
+from workloads.formats.writers import output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         output_format(args.save)  # a bad suffix fails before any work
     trace = load_trace_from_args(args)
-    summary = summarize(trace)
+    summary = summarize(trace, ENGINE_DEFAULTS.block_size)
     print(format_summary(summary))
     if args.save:
         save_trace(trace, args.save)

@@ -11,13 +11,19 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from servelab.calibration.fit import Fit, calibration_meta, profile_backend, save_calibration
 from servelab.calibration.interleave import measure_and_calibrate
 from servelab.calibration.validation import compare, measure_runs, overall
-from servelab.model_args import add_model_args, add_server_args, load_model_from_args
+from servelab.model_args import (
+    add_model_args,
+    add_server_args,
+    load_model_from_args,
+    server_from_args,
+)
 from servelab.sim_args import (
     add_scheduler_args,
     parse_policies,
@@ -27,6 +33,9 @@ from servelab.sim_args import (
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from servelab.validate_output import format_errors, format_overall, format_speeds, format_steps
 from sim.cost.calibrated import CalibratedCostModel
+
+if TYPE_CHECKING:
+    from servelab.server_calibration import UrlValidation
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -124,7 +133,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.open_loop:
             raise ValueError("--open-loop: not with --url (the replay sends a session's turn "
                              "after the previous answer, as bench-serve does)")
-        return validate_url(args)
+        options = _url_validation(args)
+        return validate_url(options, load_trace_from_args(args))
     policies = parse_policies(args.policies)
     if args.cost_model is not None:
         CalibratedCostModel.load(args.cost_model)  # a bad file fails before any run
@@ -175,3 +185,24 @@ def _print(results: dict, measured: Measured, one_speed: dict | None) -> None:
               f"{one_speed['median_abs_error']:.1%}, largest {one_speed['max_abs_error']:.1%}")
     if steps := format_steps(results):
         print(steps)
+
+
+def _url_validation(args: argparse.Namespace) -> UrlValidation:
+    """The server's calibration (--cost-model) and the scheduler it and the flags describe."""
+    from servelab.server_calibration import UrlValidation
+
+    if args.cost_model is None:
+        raise ValueError("validate --url needs --cost-model (a calibration from calibrate --url)")
+    model = CalibratedCostModel.load(args.cost_model)
+    server = model.meta.get("server") or {}
+    policy = server.get("policy") or args.server_policy
+    num_blocks = args.num_blocks or server.get("num_blocks") or model.meta.get("num_blocks")
+    if num_blocks is None:
+        raise ValueError(f"{args.cost_model} does not record the server's KV pool: pass "
+                         "--num-blocks")
+    config = scheduler_config(args, policy, num_blocks,
+                              server.get("max_model_len") or model.meta.get("max_model_len"),
+                              server=server)
+    return UrlValidation(server_from_args(args), model, args.cost_model, policy, config,
+                         args.repeats, args.vocab_size, args.seed, args.max_failed_share,
+                         args.out, args.json)

@@ -17,10 +17,10 @@ from sim.cluster.run import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler import SchedulerConfig
-from sim.engine.scheduler_config import DEFAULT_CHUNKED_BUDGET
 from sim.policy_runs import run_deployment
 from sim.replay.metrics import summarize
 from sim.replay.workload import requests_from_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import Trace, load_bundled
 from workloads.transforms import scale_qps
 
@@ -34,7 +34,7 @@ PD_ROUTER = "least-requests"
 TTFT_TARGET_MS = 2000.0
 COMPARE_REPLICAS = 4  # where the routers are compared on mooncake
 POLICY = "chunked"
-BLOCK_SIZE = SchedulerConfig().block_size
+BLOCK_SIZE = ENGINE_DEFAULTS.block_size
 DEPLOYMENT = "Llama-3-8B bf16, one H100 per engine (simulated)"
 KEPT = ("p99_ttft_ms", "median_ttft_ms", "p99_itl_ms", "median_itl_ms",  # summary keys
         "prefix_cache_hit_rate", "completed", "rejected", "request_throughput")
@@ -218,7 +218,7 @@ def _intro(data: dict, names: dict[str, str]) -> str:
         f"{PD_GPUS} GPUs as {PD_GPUS} co-located replicas or as prefill/decode pools, where "
         "a prefill engine computes the prompt, sends its KV over a "
         f"{DEFAULT_KV_LINK_GBPS:g} Gb/s link and a decode engine produces the output.\n\n"
-        f"Simulated: {POLICY} prefill ({DEFAULT_CHUNKED_BUDGET:,}-token step budget), prefix "
+        f"Simulated: {POLICY} prefill ({ENGINE_DEFAULTS.token_budget:,}-token step budget), prefix "
         f"caching on, {BLOCK_SIZE}-token KV blocks, {data['num_blocks']:,} blocks per engine; "
         f"mooncake with max_model_len {MOONCAKE_MAX_MODEL_LEN:,}; {DEPLOYMENT}.")
 
@@ -272,7 +272,7 @@ def _pd_text(data: dict) -> str:
         "P/D takes prefill out of the decode engines' steps: p99 ITL is "
         f"{min(split):.0f}-{max(split):.0f} ms under P/D against "
         f"{min(colocated):.0f}-{max(colocated):.0f} ms co-located, where a step can carry a "
-        f"prefill chunk of up to {DEFAULT_CHUNKED_BUDGET:,} tokens next to the decodes. The "
+        f"prefill chunk of up to {ENGINE_DEFAULTS.token_budget:,} tokens next to the decodes. The "
         "price is TTFT: every prompt is computed in the prefill pool, a quarter or half of the "
         f"GPUs, so that pool's size bounds the rate it keeps up with. p99 TTFT stays under "
         f"{TTFT_TARGET_MS / 1e3:g} s for {holds}. The KV hand-off itself is cheap: a mean "

@@ -9,6 +9,7 @@ from servelab.reporting.charts import report_charts
 from servelab.reporting.sections import DEPLOYMENT, Section, default_deployment
 from sim.engine.scheduler import SchedulerConfig
 from sim.policy_runs import simulate_policies
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import Trace, load_bundled
 from workloads.summary import prefix_reuse_ceiling
 
@@ -18,7 +19,7 @@ from workloads.summary import prefix_reuse_ceiling
 # the trace at once, so nothing is ever evicted.
 POOLS = (12_500, 100_000, 300_000, 1_000_000, 4_000_000)
 MAX_MODEL_LEN = 200_000  # above the longest request
-BLOCK_SIZE = SchedulerConfig().block_size
+BLOCK_SIZE = ENGINE_DEFAULTS.block_size
 POLICY = "chunked"
 # Summary keys of the caching on/off comparison.
 COMPARED = ("prefix_cache_hit_rate", "median_ttft_ms", "p99_ttft_ms", "output_throughput",

@@ -31,11 +31,13 @@ from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import run_trace
 from sim.replay.workload import requests_from_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
+from sim.specs.hardware import GiB
 from workloads import Trace, load_bundled, open_trace
 from workloads.transforms import head, scale_qps
 
 POLICY = "chunked"
-BLOCK_SIZE = SchedulerConfig().block_size
+BLOCK_SIZE = ENGINE_DEFAULTS.block_size
 MODEL = "llama-3-8b"
 # Experiments 1-2: one A100 with at most 32 running requests serves about 15.5 req/s of these
 # ~600-token requests, so 20 req/s overloads it from the start and a run costs ~1 s of CPU.
@@ -107,7 +109,7 @@ def swap_pool_blocks(prompt: int) -> int:
 def swap_space_blocks(backend: AnalyticCostModel) -> int:
     """SWAP_SPACE_GIB in KV blocks, as `--swap-space-gib` converts it."""
     block_bytes = backend.model.kv_bytes_per_token(backend.dtype_bytes) * BLOCK_SIZE
-    return int(SWAP_SPACE_GIB * 2**30) // block_bytes
+    return kv_blocks(SWAP_SPACE_GIB * GiB, block_bytes)
 
 
 def token_costs(backend: AnalyticCostModel) -> dict[str, float]:

@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 
 from executor.loading import cpu_model
-from workloads.files import atomic_output
+from workloads.formats.files import atomic_output
 
 
 def machine() -> str:

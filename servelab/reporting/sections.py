@@ -19,6 +19,7 @@ from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import RunResult, run_trace
 from sim.replay.workload import requests_from_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import load_bundled
 from workloads.transforms import head, scale_lengths, scale_qps
 
@@ -69,7 +70,7 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
                           ) -> tuple[dict, dict[str, tuple[RunResult, RunResult]]]:
     """Each policy measured on the executor and simulated with a calibration whose grid was
     timed during the measured runs (servelab validate --calibrate)."""
-    from executor.threads import configure_cpu_threads
+    from executor.loading import configure_cpu_threads
 
     threads = configure_cpu_threads(None)
     import torch
@@ -147,8 +148,9 @@ def itl_spike(out: Path, decoders: int = 16, long_prompt: int = 7000) -> Section
         requests = [Request(f"decode-{i}", 0.01 * i, 256, 500) for i in range(decoders)]
         return requests + [Request("long-prompt", 2.0, long_prompt, 64)]
 
+    default = f"chunked, budget {ENGINE_DEFAULTS.token_budget}"
     configs = {"continuous": SchedulerConfig("continuous", num_blocks),
-               "chunked, budget 2048": SchedulerConfig("chunked", num_blocks),
+               default: SchedulerConfig("chunked", num_blocks),
                "chunked, budget 512": SchedulerConfig("chunked", num_blocks, token_budget=512)}
     runs = {label: _simulate(workload(), config, backend) for label, config in configs.items()}
     watch = [f"decode-{i}" for i in range(decoders)]
@@ -158,7 +160,7 @@ def itl_spike(out: Path, decoders: int = 16, long_prompt: int = 7000) -> Section
                         if r.request_id == "long-prompt") for label, run in runs.items()}
     finding = (f"A {long_prompt:,}-token prompt stalls all {decoders} decodes for "
                f"{worst['continuous']:.0f} ms; chunked prefill caps the gap at "
-               f"{worst['chunked, budget 2048']:.0f} ms (budget 2048) or "
+               f"{worst[default]:.0f} ms (budget {ENGINE_DEFAULTS.token_budget}) or "
                f"{worst['chunked, budget 512']:.0f} ms (512)")
     subtitle = (f"{decoders} requests decoding 500 tokens, one long prompt arriving at 2 s; "
                 f"{DEPLOYMENT}")

@@ -1,6 +1,6 @@
 """Report section: the simulator against a real server, calibrated from its URL.
 
-Reads what `benchmarks/server_fidelity.py` wrote (a calibration and one validation per
+Reads what `benchmarks/peers/server_fidelity.py` wrote (a calibration and one validation per
 workload): running vLLM takes its own environment, so the report shows the committed run.
 """
 
@@ -21,7 +21,7 @@ def server_fidelity(source: Path, out: Path, server: str = "vLLM's CPU server") 
     runs = {path.stem: json.loads(path.read_text())
             for path in sorted(source.glob("*.json")) if path.name != "calibration.json"}
     if not runs:
-        raise ValueError(f"{source}: no validations; run benchmarks/server_fidelity.py")
+        raise ValueError(f"{source}: no validations; run benchmarks/peers/server_fidelity.py")
     results = {name: next(iter(run["results"].values())) for name, run in runs.items()}
     rows = ["| workload | median \\|error\\| | worst | server's spread | replays |",
             "|---|---:|---:|---:|---:|"]

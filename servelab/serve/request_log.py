@@ -8,8 +8,8 @@ light, a batch under load, never a timer), so an arrival is on disk one commit a
 queued. WAL mode with synchronous=NORMAL makes a commit survive the server process being
 killed (SIGKILL): the requests in flight at a kill stay in the log, unfinished; a power loss
 may lose the last commits. Each row can carry a callback run once its commit is done, so a
-response can wait until its row is on disk. The schema lives in workloads.sqlite, which reads
-logs back.
+response can wait until its row is on disk. The schema lives in workloads.formats.sqlite,
+which reads logs back.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from sim.engine.core import FinishReason, Request
-from workloads.sqlite import COLUMNS, TABLE, UNFINISHED, create_schema
+from workloads.formats.sqlite import COLUMNS, TABLE, UNFINISHED, create_schema
 
 log = logging.getLogger(__name__)
 MAX_BATCH_ROWS = 512  # rows per transaction at most
@@ -32,7 +32,7 @@ _STOP = object()
 
 @dataclass(frozen=True, slots=True)
 class LogRow:
-    """One request as the log stores it; fields in workloads.sqlite.COLUMNS order."""
+    """One request as the log stores it; fields in workloads.formats.sqlite.COLUMNS order."""
 
     request_id: str
     server_start_unix: float

@@ -158,7 +158,7 @@ def serve_forever(state: ServeState, config: ServerConfig,
                   http_cpus: set[int] | None = None) -> None:
     """Run until SIGTERM/SIGINT (main thread); stops the engine and flushes the log after.
 
-    Pinned torch threads (executor/threads.py) bind this thread to one core when torch
+    Pinned torch threads (executor/loading.py) bind this thread to one core when torch
     loads; the engine thread inherits that binding as the OpenMP master. `http_cpus` (the
     process's cores before torch loaded) then frees the event loop to run on any core, so
     it does not queue behind the master on its core.

@@ -26,6 +26,7 @@ from sim.replay.metrics import Slo, summarize
 from sim.replay.simulation import collector_paused
 from sim.replay.verdict import SloWatch
 from sim.replay.workload import requests_from_trace
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads.trace import Trace
 from workloads.transforms import scale_qps
 
@@ -43,7 +44,7 @@ class SweepPoint:
     qps_scale: float
     num_blocks: int | None = None
     token_budget: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
     # Stop the run once it certainly misses this SLO (sim.replay.verdict); None: run to the end.
     verdict: CapacitySlo | None = None
 
@@ -60,8 +61,8 @@ class SweepContext:
     trace: Trace
     backend: Backend
     num_blocks: int  # default KV pool of the deployment
-    block_size: int = 16
-    max_model_len: int = 8192
+    block_size: int = ENGINE_DEFAULTS.block_size
+    max_model_len: int = ENGINE_DEFAULTS.max_model_len
     slo: Slo | None = None  # goodput SLOs, if any
     enable_prefix_caching: bool = True
     cluster: ClusterConfig | None = None  # replicas or a P/D split; None: one engine
@@ -105,7 +106,7 @@ class CapacitySlo:
 def grid(policies: Sequence[str], qps_scales: Sequence[float],
          num_blocks: Sequence[int | None] = (None,),
          token_budgets: Sequence[int | None] = (None,),
-         max_num_seqs: Sequence[int] = (256,)) -> list[SweepPoint]:
+         max_num_seqs: Sequence[int] = (ENGINE_DEFAULTS.max_num_seqs,)) -> list[SweepPoint]:
     """Every combination, slowest first (low rates take the most steps).
 
     Token budgets vary `chunked` only: the other policies' budgets are not a knob (static

@@ -1,13 +1,15 @@
 """What the fitted GPU cost model needs of a model and a GPU: layer shapes and datasheet peaks.
 
-Kept narrow on purpose: `LayerShapes.from_model_spec` adapts servelab's ModelSpec and
-`GpuPeaks.from_hardware_spec` a GPU file; the models the fitted data and its validation
-name (BLOOM-176B among them, which servelab does not ship) are listed here.
+Kept narrow on purpose: `LayerShapes.from_model_spec` adapts servelab's ModelSpec, and a GPU is
+its HardwareSpec as the GPU file gives it (`GpuPeaks` names what the model reads of it); the
+models the fitted data and its validation name (BLOOM-176B among them, which servelab does not
+ship) are listed here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from sim.specs.hardware import HardwareSpec, hardware_spec
 from sim.specs.model_specs import ModelSpec
@@ -86,31 +88,22 @@ class LayerShapes:
                    qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim)
 
 
-@dataclass(frozen=True)
-class GpuPeaks:
-    """One GPU's datasheet numbers the cost model scales its efficiencies by."""
+class GpuPeaks(Protocol):
+    """What the fitted model reads of a GPU: a HardwareSpec (sim.specs.hardware), the one type
+    for a GPU, has every field; this names the ones it scales its efficiencies by."""
 
     name: str
     peak_flops: float  # dense bf16 tensor FLOP/s (fp32 accumulate), no sparsity
     mem_bandwidth_bytes_s: float
     interconnect_bytes_s: float  # GPU-to-GPU, one direction (NVLink, else PCIe)
     host_link_bytes_s: float  # GPU to host memory, one direction (KV swapped out and in)
-    # Measured all-reduces from the GPU file: (GPUs, latency_s, bus bytes/s); () for none.
-    allreduce: tuple[tuple[int, float, float], ...] = ()
-    peak_fp8_flops: float | None = None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
+    allreduce: tuple[tuple[int, float, float], ...]  # measured: (GPUs, latency_s, bus B/s)
+    peak_fp8_flops: float | None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
 
-    @classmethod
-    def from_hardware_spec(cls, spec: HardwareSpec) -> GpuPeaks:
-        """The peaks of a servelab HardwareSpec (a GPU data file)."""
-        return cls(spec.name, spec.peak_flops, spec.mem_bandwidth_bytes_s,
-                   spec.interconnect_bytes_s, spec.host_link_bytes_s, spec.allreduce,
-                   spec.peak_fp8_flops)
-
-    def __post_init__(self) -> None:
-        for key in ("peak_flops", "mem_bandwidth_bytes_s", "interconnect_bytes_s",
-                    "host_link_bytes_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"GPU {self.name}: {key} must be > 0")
+    @staticmethod
+    def from_hardware_spec(spec: HardwareSpec) -> HardwareSpec:
+        """The spec itself: the cost model reads its numbers, never a copy of them."""
+        return spec
 
 
 # Published config.json facts of the models the fitted data and its validation use.
@@ -137,6 +130,6 @@ def known_shapes(name: str) -> LayerShapes:
                          f"{', '.join(KNOWN_SHAPES)}") from None
 
 
-def known_gpu(name: str) -> GpuPeaks:
-    """A GPU's datasheet peaks from its hardware file (sim/specs/gpus/), by preset name."""
-    return GpuPeaks.from_hardware_spec(hardware_spec(name))
+def known_gpu(name: str) -> HardwareSpec:
+    """A GPU by preset name, from its hardware file (sim/specs/gpus/)."""
+    return hardware_spec(name)

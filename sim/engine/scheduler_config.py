@@ -15,6 +15,7 @@ from sim.engine.batching import (
 from sim.engine.eviction import EVICTIONS
 from sim.engine.queues import QUEUES
 from sim.engine.static_padding import StaticBatching
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 # The batching policies by `--policy` name: a new policy is a class and a line here.
 BATCHING: dict[str, type[BatchingPolicy]] = {
@@ -25,8 +26,8 @@ BATCHING: dict[str, type[BatchingPolicy]] = {
 }
 
 POLICIES = tuple(BATCHING)  # static, continuous, recompute, chunked
+DEFAULT_POLICY = "continuous"  # what every command runs when no --policy is given
 PREEMPTION_MODES = tuple(EVICTIONS)  # recompute, swap
-DEFAULT_CHUNKED_BUDGET = 2048  # vLLM's long-standing default for chunked prefill
 DEFAULT_QUEUE_AGING_S = 60.0  # the starvation bound of priority and sjf unless one is given
 
 
@@ -34,13 +35,14 @@ DEFAULT_QUEUE_AGING_S = 60.0  # the starvation bound of priority and sjf unless 
 class SchedulerConfig:
     """Policy and limits of one scheduler (`--policy` and the scheduler flags)."""
 
-    policy: str = "continuous"
+    policy: str = DEFAULT_POLICY
     num_blocks: int = 4096  # KV pool size in blocks
-    block_size: int = 16  # tokens per KV block
-    max_num_seqs: int = 256  # most requests running at once
-    max_model_len: int = 8192  # prompt + output tokens one request may reach
-    # Most tokens one step computes. None: 2048 for chunked, else max_model_len (without
-    # chunking a whole prompt must fit one step). `static` prefills its whole batch in one
+    block_size: int = ENGINE_DEFAULTS.block_size  # tokens per KV block
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs  # most requests running at once
+    max_model_len: int = ENGINE_DEFAULTS.max_model_len  # prompt + output one request may reach
+    # Most tokens one step computes (vLLM's max_num_batched_tokens). None: the default budget
+    # (ENGINE_DEFAULTS) for chunked, else max_model_len (without chunking a whole prompt must
+    # fit one step). `static` prefills its whole batch in one
     # step and is bounded by max_num_seqs and KV instead.
     token_budget: int | None = None
     # Share full KV blocks by content (vLLM's automatic prefix caching, on by default there).
@@ -61,6 +63,14 @@ class SchedulerConfig:
     swap_space_blocks: int = 0
 
     def __post_init__(self) -> None:
+        self._check_parts()
+        for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        self._check_budget()
+
+    def _check_parts(self) -> None:
+        """The policy, queue and eviction named exist, with settings they accept."""
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         if self.queue not in QUEUES:
@@ -74,9 +84,10 @@ class SchedulerConfig:
                              f"{', '.join(PREEMPTION_MODES)}")
         if self.preemption == "swap" and self.swap_space_blocks < 1:
             raise ValueError("preemption by swap needs a host pool: swap_space_blocks >= 1")
-        for key in ("num_blocks", "block_size", "max_num_seqs", "max_model_len"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+    def _check_budget(self) -> None:
+        """A given token budget lets every running request decode each step and, where
+        prompts are not split, holds a whole prompt."""
         if self.token_budget is not None:
             if self.token_budget < 1:
                 raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
@@ -109,7 +120,7 @@ class SchedulerConfig:
         if self.token_budget is not None:
             return self.token_budget
         if BATCHING[self.policy].splits_prompts:
-            return DEFAULT_CHUNKED_BUDGET
+            return ENGINE_DEFAULTS.token_budget
         return self.max_model_len
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.model_specs import ModelSpec
 
 # Non-torch memory one GPU gains from engine creation to the end of the profile (cuBLAS and
@@ -27,17 +28,15 @@ COMM_GROUP_BYTES = 256 * 2**20
 # fp32 log-probs, and the top-k/top-p sort's fp32 values, int64 indices and fp32 probs
 # (vLLM's v1 Sampler, which the profile runs with top-k, top-p and logprobs on).
 SAMPLER_BYTES_PER_LOGIT_ELEMENT = 2 + 4 + 4 + 4 + 8 + 4
-# servelab's token budget when none is given: the chunked default, and vLLM's
-# max_num_batched_tokens for `vllm serve` on GPUs under 70 GiB.
-DEFAULT_PROFILE_TOKENS = 2048
 
 
 @dataclass(frozen=True)
 class ProfileShape:
-    """What the profile runs: tokens of one forward and sequences sampled, on one GPU."""
+    """What the profile runs: tokens of one forward and sequences sampled, on one GPU
+    (servelab's default limits unless given)."""
 
-    max_num_batched_tokens: int = DEFAULT_PROFILE_TOKENS
-    max_num_seqs: int = 256
+    max_num_batched_tokens: int = ENGINE_DEFAULTS.token_budget
+    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
 
     def __post_init__(self) -> None:
         for key in ("max_num_batched_tokens", "max_num_seqs"):

@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sim.specs.model_specs import MODEL_SPECS, ModelSpec
+from sim.specs.model_specs import MODEL_SPECS, ModelSpec, default_head_dim
 
 MODELS_DIR = Path(__file__).parent / "models"
 
@@ -120,7 +120,8 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             rope_theta=float(config.get("rope_theta", 10000.0)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias")),
-            head_dim=family.pop("head_dim", int(config.get("head_dim") or 0)),
+            head_dim=family.pop("head_dim", int(config.get("head_dim") or 0))
+            or default_head_dim(name, int(config["hidden_size"]), heads),
             hidden_act=str(config.get("hidden_act", "silu")),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),  # (Llama 4's L2 norm has no weights)
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),

@@ -28,11 +28,13 @@ class ModelSpec:
     num_kv_heads: int
     vocab_size: int
     max_position_embeddings: int
+    # A query head's width: usually hidden_size // num_heads (default_head_dim); Qwen3 sets
+    # it apart from hidden_size.
+    head_dim: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 adds biases to q/k/v projections
-    head_dim: int = 0  # 0: hidden_size // num_heads (Qwen3 sets it apart from hidden_size)
     hidden_act: str = "silu"
     qk_norm: bool = False  # Qwen3 normalises each head's q and k (head_dim weights each)
     # Mixture of experts (0 experts: a dense model). Each MoE layer routes every token to
@@ -65,10 +67,6 @@ class ModelSpec:
                     "num_kv_heads", "vocab_size", "max_position_embeddings"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model {self.name}: {key} must be >= 1")
-        if self.head_dim == 0:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(f"model {self.name}: hidden_size not divisible by num_heads")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.head_dim < 1:
             raise ValueError(f"model {self.name}: head_dim must be >= 1, got {self.head_dim}")
         if self.num_heads % self.num_kv_heads:
@@ -190,21 +188,31 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
+def default_head_dim(name: str, hidden_size: int, num_heads: int) -> int:
+    """hidden_size // num_heads, the head width of a config that names none (0 when num_heads
+    is not positive: the spec's own checks name that)."""
+    if num_heads < 1:
+        return 0
+    if hidden_size % num_heads:
+        raise ValueError(f"model {name}: hidden_size not divisible by num_heads")
+    return hidden_size // num_heads
+
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         # Fast CPU tests; vocab covers the byte-level tokenizer (256 bytes + specials).
-        ModelSpec("tiny", 64, 176, 2, 4, 2, 320, 1024),
+        ModelSpec("tiny", 64, 176, 2, 4, 2, 320, 1024, 16),
         # The peer workload model of the executor benchmark (44.6M parameters).
-        ModelSpec("peer-45m", 512, 1408, 4, 8, 4, 32000, 2048),
+        ModelSpec("peer-45m", 512, 1408, 4, 8, 4, 32000, 2048, 64),
         # Qwen/Qwen2.5-0.5B config.json.
-        ModelSpec("qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 32768, rms_norm_eps=1e-6,
+        ModelSpec("qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 32768, 64, rms_norm_eps=1e-6,
                   rope_theta=1000000.0, tie_word_embeddings=True, qkv_bias=True),
         # meta-llama/Meta-Llama-3-8B config.json.
-        ModelSpec("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 8192,
+        ModelSpec("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 128,
                   rope_theta=500000.0),
         # meta-llama/Meta-Llama-3-70B config.json.
-        ModelSpec("llama-3-70b", 8192, 28672, 80, 64, 8, 128256, 8192,
+        ModelSpec("llama-3-70b", 8192, 28672, 80, 64, 8, 128256, 8192, 128,
                   rope_theta=500000.0),
     )
 }

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from executor.backend import ModelBackend, load_model, resolve_device, resolve_dtype
-from executor.threads import configure_cpu_threads, keep_large_allocations
+from executor.loading import configure_cpu_threads, keep_large_allocations
 from executor.weights import save_hf_checkpoint
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request

@@ -137,6 +137,6 @@ def test_missing_required_config_key_is_named(saved, tmp_path):
 def test_model_args_validate_shapes():
     with pytest.raises(ValueError, match="n_heads not divisible by n_kv_heads"):
         ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=3, intermediate_size=8,
-                  vocab_size=10, max_position_embeddings=16)
+                  vocab_size=10, max_position_embeddings=16, head_dim=16)
     with pytest.raises(ValueError, match="unknown model preset"):
         ModelArgs.from_preset("gpt-5")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from workloads import SpecError, Trace, format_summary, generate_trace, open_trace, summarize
-from workloads.spec import TENANT_EXAMPLE, parse_parts, parse_spec
+from workloads.synthetic.spec import TENANT_EXAMPLE, parse_parts, parse_spec
 
 
 def test_example_gives_each_tenant_its_count_and_rate() -> None:

@@ -42,7 +42,7 @@ def test_code_summary_matches_published_numbers(code_trace: Trace) -> None:
 
 
 def test_mooncake_summary_and_prefix_hashes(mooncake_trace: Trace) -> None:
-    s = summarize(mooncake_trace)
+    s = summarize(mooncake_trace, 16)  # the engine's KV blocks of 16 tokens
     assert s.requests == 3_993
     assert round(s.span_s, 1) == 1022.0
     assert round(s.rate_per_s, 2) == 3.91

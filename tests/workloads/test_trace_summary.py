@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from workloads import PREFIX_BLOCK_TOKENS, Trace, format_summary, summarize
 from workloads.summary import prefix_reuse_ceiling
 
+BLOCK = 16  # KV block tokens the hand counts below are in
+
 
 def hand_counted() -> Trace:
     return Trace.from_arrays(
@@ -27,7 +29,7 @@ def test_ceiling_counts_the_longest_earlier_prefix_in_full_blocks() -> None:
     # [1, 2], capped at 599 tokens -> 37 full blocks = 592. 3 starts with 5: nothing.
     # 4 shares [1, 2] but must compute its last token: 1023 -> 63 blocks = 1008.
     cached = 1024 + 592 + 0 + 1008
-    assert prefix_reuse_ceiling(hand_counted()) == pytest.approx(cached / 6324)
+    assert prefix_reuse_ceiling(hand_counted(), BLOCK) == pytest.approx(cached / 6324)
 
 
 def test_ceiling_with_blocks_as_large_as_a_hash_block() -> None:
@@ -37,14 +39,14 @@ def test_ceiling_with_blocks_as_large_as_a_hash_block() -> None:
 
 def test_ceiling_is_zero_without_prefix_ids_and_the_summary_leaves_it_out() -> None:
     trace = Trace.from_arrays("plain", [0.0, 1.0], [600, 600], [1, 1])
-    assert prefix_reuse_ceiling(trace) == 0.0
-    summary = summarize(trace)
+    assert prefix_reuse_ceiling(trace, BLOCK) == 0.0
+    summary = summarize(trace, BLOCK)
     assert summary.prefix_reuse_ceiling is None
     assert "prefix_ceiling" not in format_summary(summary)
 
 
 def test_summary_prints_the_ceiling() -> None:
-    summary = summarize(hand_counted())
+    summary = summarize(hand_counted(), BLOCK)
     assert summary.prefix_reuse_ceiling == pytest.approx(2624 / 6324)
     assert f"prefix_ceiling   {2624 / 6324:.4f}" in format_summary(summary)
     assert summary.to_dict()["prefix_reuse_ceiling"] == summary.prefix_reuse_ceiling

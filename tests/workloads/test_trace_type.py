@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from workloads import Trace, TraceError
-from workloads.files import atomic_output
+from workloads.formats.files import atomic_output
 
 
 def test_accessors_are_numpy_and_read_only() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.loaders import detect_format, load_trace
+from workloads.formats.loaders import detect_format, load_trace
 from workloads.validate import TraceError
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from servelab.calibration.gpu_replay import RUNS_DIR
 from servelab.cli import main
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.specs.model_config import MODELS_DIR, shipped_model_ids
 
 TINY = "synthetic:n=20,rate=5,prompt=fixed(200),output=fixed(16)"
-RUNS = Path(__file__).parents[3] / "workloads" / "data" / "vllm-runs"
 
 
 def _fitting(model: str) -> list[str]:
@@ -123,9 +123,10 @@ def test_vllm_flag_names_configure_what_servelab_names_do(tmp_path: Path, capsys
 ])
 def test_the_four_vllm_runs_replay_with_their_engine_args(run: str, flags: list[str],
                                                           tmp_path: Path, capsys) -> None:
-    meta = json.loads((RUNS / run / "meta.json").read_text())
+    folder = RUNS_DIR / run / "vllm"
+    meta = json.loads((folder / "meta.json").read_text())
     assert flags[1] == meta["model"]
-    argv = ["simulate", "--trace", str(RUNS / run / "requests.jsonl"), "--policy", "chunked",
+    argv = ["simulate", "--trace", str(folder / "requests.jsonl"), "--policy", "chunked",
             "--max-num-batched-tokens", "2048", "--dtype", "bfloat16", *flags,
             "--json", str(tmp_path / "r.json")]
     assert main(argv) == 0, capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -40,13 +41,14 @@ class FakeClock:
         self.now_s += seconds
 
 
+@dataclass(frozen=True)
 class SlowPricing(ConstantBackend):
     """A constant-time cost model that itself takes `spent_s` of the fake clock to price."""
 
-    def __init__(self, fake: FakeClock, spent_s: float) -> None:
-        super().__init__(STEP_S, PER_TOKEN_S)
-        object.__setattr__(self, "fake", fake)
-        object.__setattr__(self, "spent_s", spent_s)
+    step_s: float = STEP_S
+    per_token_s: float = PER_TOKEN_S
+    fake: FakeClock = field(default_factory=FakeClock, compare=False)
+    spent_s: float = 0.0
 
     def execute(self, plan):
         self.fake.now_s += self.spent_s
@@ -56,7 +58,8 @@ class SlowPricing(ConstantBackend):
 def engine_on(fake: FakeClock, spent_s: float = 0.0, **config) -> Engine:
     scheduler = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256,
                                           **config))
-    backend = SimulatedBackend(SlowPricing(fake, spent_s), TOKEN, fake.sleep, fake.clock)
+    pricing = SlowPricing(fake=fake, spent_s=spent_s)
+    backend = SimulatedBackend(pricing, TOKEN, fake.sleep, fake.clock)
     return Engine(scheduler, backend)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from servelab.sweeps.deployment_search import DeploymentProbe, Family, SearchContext, run_probe
 from servelab.sweeps.grid import CapacitySlo, SweepContext, SweepPoint, run_point
-from servelab.sweeps.plan import Family, PlanContext, PlanPoint, run_plan_point
 from sim.cluster.run import ClusterConfig
 from sim.cost.fixed_backend import ConstantBackend
 from sim.policy_runs import simulate_policy
@@ -60,9 +60,9 @@ def test_a_capacity_probe_does_not_judge_a_turn_still_waiting_for_its_answer(rep
 
 
 def plan_row(trace: Trace, open_loop: bool) -> dict:
-    context = PlanContext(trace, CapacitySlo(), enable_prefix_caching=False,
+    context = SearchContext(trace, CapacitySlo(), enable_prefix_caching=False,
                           open_loop=open_loop)
-    return run_plan_point(context, PlanPoint(Family("a100-80gb", policy="continuous"), 1))
+    return run_probe(context, DeploymentProbe(Family("a100-80gb", policy="continuous"), 1))
 
 
 @pytest.mark.parametrize("open_loop", [False, True])
@@ -80,9 +80,9 @@ def test_plan_sends_the_next_turn_after_the_previous_answer(open_loop):
 
 def test_plan_prices_a_session_spec_as_simulate_runs_it():
     chat = open_trace(CHAT.replace("users=1", "users=6"))
-    context = PlanContext(chat, CapacitySlo())
-    point = PlanPoint(Family("a100-80gb", policy="continuous"), 1)
-    row = run_plan_point(context, point)
+    context = SearchContext(chat, CapacitySlo())
+    point = DeploymentProbe(Family("a100-80gb", policy="continuous"), 1)
+    row = run_probe(context, point)
     backend, config, _ = context.deployment(point)
     simulated = simulate_policy(chat, config, backend, None, False).summary
     for key in ("duration_s", "median_ttft_ms", "p99_e2el_ms", "prefix_cache_hit_rate"):

@@ -7,6 +7,8 @@ finishes, preemptions, cache hits and per-step records.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pytest
 
@@ -35,12 +37,13 @@ class RowReading:
         self.inner.free(request)
 
 
+@dataclass(frozen=True)
 class Totals(ConstantBackend):
     """A constant-time backend that also keeps every plan's totals, as cost models read them."""
 
-    def __init__(self) -> None:
-        super().__init__(step_s=0.01, per_token_s=2e-5)
-        object.__setattr__(self, "seen", [])
+    step_s: float = 0.01
+    per_token_s: float = 2e-5
+    seen: list = field(default_factory=list, compare=False)
 
     def execute(self, plan: BatchPlan) -> StepResult:
         self.seen.append((plan.batch_size, plan.num_sampled, plan.decode_seqs,

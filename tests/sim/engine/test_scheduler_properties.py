@@ -154,26 +154,39 @@ def exercise(policy: str, operations: list, num_blocks: int, max_num_seqs: int,
         elif op[0] == "abort" and added:
             sched.abort(added[op[1] % len(added)].request_id, now=now)
         elif op[0] == "step":
-            for _ in range(op[1]):
-                plan = sched.schedule(now)
-                if plan.is_empty:
-                    break
-                assert len(plan.requests) <= max_num_seqs
-                if policy != "static":
-                    assert sum(plan.num_scheduled_tokens.values()) <= cfg.budget
-                # Decoders: running requests whose whole sequence is in cache but the last token.
-                before = {r.request_id: r.num_output_tokens for r in sched.running
-                          if r.num_tokens - r.num_computed_tokens == 1}
-                content.write(sched, plan)
-                now += 0.01
-                sched.update(plan, StepResult(0.01, sampled(plan)), now)
-                for r in plan.requests:  # a scheduled decoder advances by exactly one token
-                    if r.request_id in before:
-                        assert r.num_output_tokens == before[r.request_id] + 1
-                check_blocks(sched)
-                content.check(sched)
+            now = step_checked(sched, content, op[1], now)
+    check_drained(sched, added, caching)
+
+
+def step_checked(sched: Scheduler, content: KVContent, steps: int, now: float) -> float:
+    """Up to `steps` steps (until one plans nothing), every invariant checked after each;
+    returns the clock after them."""
+    cfg = sched.config
+    for _ in range(steps):
+        plan = sched.schedule(now)
+        if plan.is_empty:
+            break
+        assert len(plan.requests) <= cfg.max_num_seqs
+        if cfg.policy != "static":
+            assert sum(plan.num_scheduled_tokens.values()) <= cfg.budget
+        # Decoders: running requests whose whole sequence is in cache but the last token.
+        before = {r.request_id: r.num_output_tokens for r in sched.running
+                  if r.num_tokens - r.num_computed_tokens == 1}
+        content.write(sched, plan)
+        now += 0.01
+        sched.update(plan, StepResult(0.01, sampled(plan)), now)
+        for r in plan.requests:  # a scheduled decoder advances by exactly one token
+            if r.request_id in before:
+                assert r.num_output_tokens == before[r.request_id] + 1
+        check_blocks(sched)
+        content.check(sched)
+    return now
+
+
+def check_drained(sched: Scheduler, added: list[Request], caching: bool) -> None:
+    """Everything finished, every block back in the pool, the counters consistent."""
     assert not sched.has_unfinished
-    assert sched.block_manager.num_free_blocks == num_blocks
+    assert sched.block_manager.num_free_blocks == sched.config.num_blocks
     assert not sched.block_manager._tables
     sched.block_manager.check()
     event(f"prefix cache hits: {sched.prefix_cache_hits > 0}, preemptions: "

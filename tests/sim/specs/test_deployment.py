@@ -42,8 +42,8 @@ def test_dense_pool_by_hand_llama_3_8b_on_one_h100() -> None:
 
 
 def test_rtx_4090_pool_is_vllm_0_19s_measured_2588_blocks() -> None:
-    # The run in workloads/data/vllm-runs/RTX4090/Llama-3.1-8B (the non-torch constant's
-    # one data point): 2,048 tokens, 256 sequences, 0.9 of 25,250,627,584 B.
+    # The run in sim/data/llmservingsim/bench/examples/RTX4090/Llama-3.1-8B (the non-torch
+    # constant's one data point): 2,048 tokens, 256 sequences, 0.9 of 25,250,627,584 B.
     deployment = build_deployment(DeploymentOptions(
         "meta-llama/Llama-3.1-8B", "rtx-4090", "bfloat16", max_num_batched_tokens=2048,
         max_num_seqs=256))

@@ -1,0 +1,1 @@
+"""Trace file formats: readers, the format detector and writers."""

@@ -1,0 +1,1 @@
+"""Synthetic traces: length distributions, arrival processes, shapes and the spec grammar."""
