@@ -22,13 +22,15 @@ import argparse
 import time
 
 from executor.loading import cpu_model
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cluster.run import run_cluster
 from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.kernel_cost import kernel_cost_backend
 from sim.cost.kernel_tables import KernelTables
 from sim.cost.roofline import AnalyticCostModel
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.workload import requests_from_trace

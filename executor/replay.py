@@ -9,7 +9,8 @@ from executor.model import Transformer
 from executor.prompts import attach_prompt_tokens
 from sim.cluster.closed_loop import ClosedLoop, run_closed_trace
 from sim.engine.core import BatchPlan, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import RunResult, run_trace
 

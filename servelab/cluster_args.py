@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cluster.router import ROUTERS, RouterConfig
-from sim.cluster.run import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.deployment import Deployment
 
 # How vLLM's front end spreads requests over data-parallel engines: to the least loaded.

@@ -16,8 +16,13 @@ from sim.deployment import (
     Deployment,
     DeploymentOptions,
 )
-from sim.engine.scheduler import POLICIES, SchedulerConfig
-from sim.engine.scheduler_config import DEFAULT_POLICY, PREEMPTION_MODES, QUEUES
+from sim.engine.scheduler_config import (
+    DEFAULT_POLICY,
+    POLICIES,
+    PREEMPTION_MODES,
+    QUEUES,
+    SchedulerConfig,
+)
 from sim.replay.metrics import Slo
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads.formats.files import atomic_output

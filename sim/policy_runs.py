@@ -15,10 +15,12 @@ import pandas as pd
 from tqdm import tqdm
 
 from sim.cluster.closed_loop import ClosedLoop, closed_loop, run_closed_cluster, run_closed_trace
-from sim.cluster.run import ClusterConfig, ClusterResult, run_cluster
+from sim.cluster.config import ClusterConfig
+from sim.cluster.run import ClusterResult, run_cluster
 from sim.cluster.tables import replica_table, served_by
 from sim.engine.core import Backend, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.engine.step_log import StepLog
 from sim.replay.metrics import (

@@ -33,7 +33,7 @@ from servelab.calibration.fit import fit_profile, profile_backend
 from servelab.calibration.interleave import measure_interleaved
 from servelab.calibration.validation import STEP_KINDS, compare, overall
 from sim.cost.calibrated import feature_names
-from sim.engine.scheduler import POLICIES, SchedulerConfig
+from sim.engine.scheduler_config import POLICIES, SchedulerConfig
 
 KNOTS = frozenset(feature_names(ROW_KNOTS)) - frozenset(feature_names())
 VARIANTS = {  # name -> the features left out

@@ -48,8 +48,12 @@ from servelab.calibration.interleave import Interleaved  # noqa: E402
 from servelab.calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from sim.engine.block_manager import BlockManager  # noqa: E402
 from sim.engine.core import BatchPlan, StepResult  # noqa: E402
-from sim.engine.scheduler import POLICIES, Scheduler, SchedulerConfig  # noqa: E402
-from sim.engine.scheduler_config import DEFAULT_POLICY  # noqa: E402
+from sim.engine.scheduler import Scheduler  # noqa: E402
+from sim.engine.scheduler_config import (  # noqa: E402
+    DEFAULT_POLICY,  # noqa: E402
+    POLICIES,
+    SchedulerConfig,
+)
 from sim.engine.step import Engine  # noqa: E402
 from sim.replay.simulation import run_trace  # noqa: E402
 from sim.replay.workload import requests_from_trace  # noqa: E402

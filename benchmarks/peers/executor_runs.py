@@ -12,7 +12,8 @@ import torch
 from executor.backend import ModelBackend
 from executor.model import Transformer
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from sim.specs.engine_limits import ENGINE_DEFAULTS

@@ -46,7 +46,8 @@ def offline(model, prompts: list[list[int]], outputs: list[int], policy: str):
     """(output tokens per wall second, outputs) of a plain engine loop, all requests at t=0."""
     from executor.backend import ModelBackend
     from sim.engine.core import Request, SamplingParams
-    from sim.engine.scheduler import Scheduler, SchedulerConfig
+    from sim.engine.scheduler import Scheduler
+    from sim.engine.scheduler_config import SchedulerConfig
     from sim.engine.step import Engine
 
     config = SchedulerConfig(policy=policy, num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)

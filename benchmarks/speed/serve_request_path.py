@@ -55,7 +55,8 @@ from servelab.serve.state import ApiConfig
 from servelab.serve.tokenize_api import add_tokenize_routes
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.deployment import DeploymentOptions, build_deployment
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from workloads import open_trace
 
 GAPS = (("sent", "handler"), ("handler", "parsed"), ("parsed", "queued"),

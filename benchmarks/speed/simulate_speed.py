@@ -17,7 +17,8 @@ import sys
 import time
 
 from sim.cost.roofline import AnalyticCostModel
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from sim.replay.workload import requests_from_trace

@@ -18,7 +18,7 @@ from sim.cost.calibrated import (
     plan_features,
     step_jitter,
 )
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 
 # Every shape's held-out error comes from a fit that did not see it: the grid is split into
 # this many folds (every n-th shape), each predicted by a fit to the others.

@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.calibration.gpu_profiles import DATA_DIR, LSS_GPUS, LSS_MODELS
+from sim.cluster.config import ClusterConfig
 from sim.cluster.dp_lockstep import run_lockstep
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cluster.run import run_cluster
 from sim.cost.gpu_cost import GpuCostModel
 from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import run_trace

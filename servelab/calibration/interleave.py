@@ -7,7 +7,7 @@ import time
 
 from servelab.calibration.fit import Fit, fit_profile
 from servelab.calibration.validation import measure_runs
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.replay.simulation import RunResult
 from workloads.trace import Trace
 

@@ -12,7 +12,8 @@ import numpy as np
 from sim.cluster.closed_loop import closed_loop, replay
 from sim.cost.calibrated import CalibratedCostModel
 from sim.engine.core import BatchPlan
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import RunResult

@@ -23,8 +23,8 @@ from servelab.sweeps.deployment_search import (
 from servelab.sweeps.grid import CapacitySlo, find_capacity
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from sim.cluster.config import DEFAULT_KV_LINK_GBPS
 from sim.cluster.router import ROUTERS
-from sim.cluster.run import DEFAULT_KV_LINK_GBPS
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES

@@ -24,7 +24,7 @@ from servelab.reporting.report import machine, write_markdown
 from servelab.reporting.server_fidelity import server_fidelity
 from servelab.reporting.sessions import sessions_section
 from servelab.sim_args import write_json_atomic
-from sim.engine.scheduler import POLICIES
+from sim.engine.scheduler_config import POLICIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

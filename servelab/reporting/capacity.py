@@ -20,7 +20,7 @@ from servelab.sweeps.grid import (
     grid,
 )
 from servelab.sweeps.runners import LocalRunner
-from sim.engine.scheduler import POLICIES
+from sim.engine.scheduler_config import POLICIES
 from workloads import Trace, load_bundled
 
 RATES = DEFAULT_QPS_SCALES

@@ -12,11 +12,11 @@ from typing import NamedTuple
 
 from servelab.reporting.charts import cluster_charts
 from servelab.reporting.sections import Section, default_deployment
+from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cluster.router import ROUTERS, RouterConfig
-from sim.cluster.run import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.policy_runs import run_deployment
 from sim.replay.metrics import summarize
 from sim.replay.workload import requests_from_trace

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from servelab.reporting.charts import report_charts
 from servelab.reporting.sections import DEPLOYMENT, Section, default_deployment
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.policy_runs import simulate_policies
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads import Trace, load_bundled

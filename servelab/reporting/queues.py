@@ -25,8 +25,8 @@ from servelab.reporting.charts.queue_charts import (
 from servelab.reporting.sections import DEPLOYMENT, Section, default_deployment
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine.core import Backend
-from sim.engine.scheduler import Scheduler, SchedulerConfig
-from sim.engine.scheduler_config import DEFAULT_QUEUE_AGING_S
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import DEFAULT_QUEUE_AGING_S, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import run_trace

@@ -14,7 +14,8 @@ import numpy as np
 from servelab.reporting.charts import report_charts
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import RunResult, run_trace

@@ -17,9 +17,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servelab.reporting.sections import Section, default_deployment  # noqa: E402
+from sim.cluster.config import ClusterConfig  # noqa: E402
 from sim.cluster.router import RouterConfig  # noqa: E402
-from sim.cluster.run import ClusterConfig  # noqa: E402
-from sim.engine.scheduler import SchedulerConfig  # noqa: E402
+from sim.engine.scheduler_config import SchedulerConfig  # noqa: E402
 from sim.policy_runs import simulate_policy  # noqa: E402
 from workloads import Trace, open_trace  # noqa: E402
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from servelab.sweeps.grid import CapacitySlo, Runner, replay_summary
 from servelab.sweeps.stream import Stream, as_stream
+from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cost.roofline import AnalyticCostModel
 from sim.deployment import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -27,7 +27,7 @@ from sim.deployment import (
     DeploymentOptions,
     build_deployment,
 )
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import gpu_hour_usd
 from workloads.trace import Trace

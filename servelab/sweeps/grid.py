@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, replace
 
 from servelab.sweeps.stream import Search, as_stream, drive
 from sim.cluster.closed_loop import closed_loop
-from sim.cluster.run import ClusterConfig
+from sim.cluster.config import ClusterConfig
 from sim.engine.core import Backend, Request
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.policy_runs import run_deployment
 from sim.replay.metrics import Slo, summarize
 from sim.replay.simulation import collector_paused

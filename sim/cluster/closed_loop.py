@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 
 import simpy
 
-from sim.cluster.run import ClusterConfig, ClusterResult, _Arrival, _Cluster, run_engines
+from sim.cluster.config import ClusterConfig
+from sim.cluster.run import ClusterResult, _Arrival, _Cluster, run_engines
 from sim.engine.core import Request
 from sim.engine.step import Engine
 from sim.replay.simulation import ReplayEnvironment, RunResult, _Replay, collector_paused, run_trace

@@ -17,7 +17,7 @@ from functools import partial
 
 import simpy
 
-from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import ReplicaLoad, Router
 from sim.engine.core import Request, request_overhead_s
 from sim.engine.fast_forward_run import FastForwardRun
@@ -25,9 +25,6 @@ from sim.engine.step import Engine
 from sim.engine.step_log import StepLog
 from sim.replay.simulation import ReplayEnvironment, RunResult, StalledError, collector_paused
 
-# The config lives beside the replay (sim.cluster.config), imported from here.
-__all__ = ["DEFAULT_KV_LINK_GBPS", "ClusterConfig", "ClusterResult", "run_cluster",
-           "run_engines"]
 
 @dataclass
 class ClusterResult:

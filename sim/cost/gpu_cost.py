@@ -176,6 +176,6 @@ def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: 
                      engine: str = "vllm", expert_parallel: int = 1,
                      quantization: str | None = None) -> GpuCostModel:
     """The fitted model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
-    return GpuCostModel(LayerShapes.from_model_spec(model), GpuPeaks.from_hardware_spec(hardware),
+    return GpuCostModel(LayerShapes.from_model_spec(model), hardware,
                         load_engine(engine), tensor_parallel=tensor_parallel,
                         expert_parallel=expert_parallel, quantization=quantization)

@@ -100,11 +100,6 @@ class GpuPeaks(Protocol):
     allreduce: tuple[tuple[int, float, float], ...]  # measured: (GPUs, latency_s, bus B/s)
     peak_fp8_flops: float | None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
 
-    @staticmethod
-    def from_hardware_spec(spec: HardwareSpec) -> HardwareSpec:
-        """The spec itself: the cost model reads its numbers, never a copy of them."""
-        return spec
-
 
 # Published config.json facts of the models the fitted data and its validation use.
 KNOWN_SHAPES: dict[str, LayerShapes] = {s.name: s for s in (

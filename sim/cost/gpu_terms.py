@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sim.cost.gpu_shapes import GpuPeaks
@@ -154,8 +154,7 @@ def load_terms(gpu: str, peaks: GpuPeaks, path: Path = FIT_PATH) -> GpuTerms:
     terms = terms_from_entry(gpu, entry, fitted=fitted)
     borrowed = tuple(k for k in data["generic"] if k[0] != "_" and k != "source"
                      and k not in own)
-    object.__setattr__(terms, "borrowed", borrowed)
-    return terms
+    return replace(terms, borrowed=borrowed)
 
 
 def terms_from_entry(name: str, entry: dict, fitted: bool) -> GpuTerms:

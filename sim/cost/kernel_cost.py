@@ -247,6 +247,6 @@ def kernel_cost_backend(model: ModelSpec, hardware: HardwareSpec, tables: Kernel
                         engine: str = "vllm") -> KernelCostModel:
     """The measured-kernel model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
     return KernelCostModel(LayerShapes.from_model_spec(model),
-                           GpuPeaks.from_hardware_spec(hardware), load_engine(engine), tables,
+                           hardware, load_engine(engine), tables,
                            tensor_parallel=tensor_parallel, expert_parallel=expert_parallel,
                            dtype=dtype, quantization=quantization)

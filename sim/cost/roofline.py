@@ -16,6 +16,7 @@ from sim.cost.roofline_coefficients import (
     rank_weight_bytes,
 )
 from sim.engine.core import BatchPlan, Request, StepResult
+from sim.specs.engine_limits import kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
@@ -43,7 +44,9 @@ def check_quantization(owner: str, quantization: str | None, gpu: str,
                          "weight-only FP8 there is not priced)")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: __post_init__ derives the per-unit times below once, from the fields above;
+# nothing assigns a field after construction.
+@dataclass(slots=True)
 class AnalyticCostModel:
     """A Backend whose step time is a roofline of the plan's FLOPs and bytes."""
 
@@ -121,14 +124,13 @@ class AnalyticCostModel:
                        self.expert_parallel)
         check_quantization("AnalyticCostModel", self.quantization, self.hardware.name,
                            self.hardware.peak_fp8_flops)
-        object.__setattr__(self, "linear_bytes",
-                           1 if self.quantization == "fp8" else DTYPE_BYTES[self.dtype])
+        self.linear_bytes = 1 if self.quantization == "fp8" else DTYPE_BYTES[self.dtype]
         if self.reserve_bytes is None:
-            object.__setattr__(self, "reserve_bytes", vllm_reserve_bytes(
+            self.reserve_bytes = vllm_reserve_bytes(
                 self.model, ProfileShape(), DTYPE_BYTES[self.dtype], self.tensor_parallel,
-                self.data_parallel, self.expert_parallel))
+                self.data_parallel, self.expert_parallel)
         for key, value in coefficients(self, DTYPE_BYTES[self.dtype]).items():
-            object.__setattr__(self, key, value)
+            setattr(self, key, value)
 
     @classmethod
     def preset(
@@ -251,7 +253,7 @@ class AnalyticCostModel:
                 f"{self.reserve_bytes / GiB:.1f} GiB a GPU leave no room for one KV block in "
                 f"{memory_utilization:g} x {self.hardware.memory_bytes / GiB:.1f} GiB"
             )
-        return int(kv_bytes // block_bytes)
+        return kv_blocks(kv_bytes, block_bytes)
 
     def kv_cache_bytes(self, memory_utilization: float = 0.9) -> float:
         """Bytes each GPU has left for KV: vLLM's gpu_memory_utilization x memory, less the

@@ -15,11 +15,7 @@ from typing import Any
 
 from sim.engine.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
 from sim.engine.scheduler import Scheduler
-from sim.engine.step_log import StepLog, StepRecord, pack
-
-# StepRecord lives in sim.engine.step_log; it is re-exported here for the drivers.
-__all__ = ["Engine", "StepRecord", "Wait", "run_now"]
-
+from sim.engine.step_log import StepLog, pack
 
 # How a driver lets a step's time pass, given the step's start and duration: the event its
 # event loop waits on before the step is applied (a SimPy timeout), or None to apply it at

@@ -122,7 +122,7 @@ def test_bfloat16_on_cpu_runs(tiny_model):
 
 def test_a_measured_run_logs_every_step_it_timed(tiny_model):
     from executor.replay import measured_run
-    from sim.engine.scheduler import SchedulerConfig
+    from sim.engine.scheduler_config import SchedulerConfig
 
     # All arrive at once: the first static batch holds four of different lengths (so rows
     # finish early and pad) whatever a step measures; arrivals 1 ms apart would batch

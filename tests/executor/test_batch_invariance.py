@@ -10,7 +10,8 @@ import pytest
 from executor.backend import ModelBackend
 from executor.prompts import synth_prompt_tokens
 from sim.engine.core import Request, SamplingParams
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from tests.executor.helpers import TINY, FixedClock, make_request

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servelab.calibration.validation import measure_runs
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from workloads import open_trace
 
 CHAT = ("synthetic:users=2,rate=4,turns=fixed(3),think=fixed(0.25),question=fixed(12),"

@@ -8,7 +8,8 @@ import torch
 
 from executor.backend import ModelBackend
 from executor.weights import random_model
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from tests.executor.helpers import TINY, Driver, make_request

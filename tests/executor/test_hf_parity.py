@@ -9,7 +9,8 @@ import torch
 from executor.backend import ModelBackend
 from executor.weights import load_hf_model
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from executor.backend import ModelBackend
 from executor.prompts import attach_prompt_tokens
 from sim.cost.fixed_backend import ConstantBackend
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from sim.replay.workload import requests_from_trace

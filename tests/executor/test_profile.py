@@ -16,7 +16,8 @@ from executor.profile import (
 )
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import StepResult
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from tests.executor.helpers import make_request
 
 

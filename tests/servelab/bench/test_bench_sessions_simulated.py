@@ -12,7 +12,8 @@ from servelab.serve.simulated import SimulatedBackend, filler_token_id
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.roofline import AnalyticCostModel
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from workloads import open_trace
 
 SPEC = ("synthetic:users=3,turns=fixed(3),think=fixed(0.01),rate=20,question=fixed(40),"

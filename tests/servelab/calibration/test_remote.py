@@ -22,7 +22,8 @@ from servelab.calibration.remote import (
 )
 from sim.cost.calibrated import FEATURES, CalibratedCostModel, feature_names
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 

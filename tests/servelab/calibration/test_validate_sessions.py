@@ -10,7 +10,8 @@ from servelab.calibration.validation import compare
 from sim.cluster.closed_loop import replay
 from sim.cost.calibrated import FEATURES, CalibratedCostModel
 from sim.cost.fixed_backend import ConstantBackend
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.workload import requests_from_trace
 from workloads import open_trace

@@ -12,7 +12,8 @@ from servelab.calibration.validation import compare
 from sim.cost.calibrated import FEATURES, CalibratedCostModel
 from sim.engine.batch_plan import add_to_plan
 from sim.engine.core import BatchPlan, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from sim.replay.workload import requests_from_trace

@@ -16,7 +16,8 @@ from servelab.serve.simulated import SimulatedBackend, filler_token_id
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.fixed_backend import ConstantBackend
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 
 TRACE = "synthetic:n=10,rate=5,arrival=constant,prompt=fixed(8),output=fixed(4)"
 

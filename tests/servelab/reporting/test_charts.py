@@ -9,7 +9,8 @@ import pytest
 from servelab.reporting.charts.basic import RunTables, write_charts
 from sim.cost.fixed_backend import ConstantBackend
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import inter_token_latencies_ms, request_table, step_table, summarize
 from sim.replay.simulation import run_trace

@@ -17,7 +17,8 @@ from servelab.serve.server import ServerThread, assemble
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.engine.core import Backend, BatchPlan, FinishReason, Request, SamplingParams, StepResult
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 
 MODEL = "tiny"

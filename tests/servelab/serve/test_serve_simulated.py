@@ -17,7 +17,8 @@ from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine.core import FinishReason, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from tests.servelab.serve.helpers import HANG_S
 from workloads import open_trace

@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from tests.servelab.serve.helpers import (
     HANG_S,
     MAX_MODEL_LEN,

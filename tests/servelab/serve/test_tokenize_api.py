@@ -11,7 +11,8 @@ from servelab.serve.state import ApiConfig
 from servelab.serve.tokenize_api import add_tokenize_routes
 from servelab.serve.tokenizer import ByteTokenizer, plain_chat_prompt
 from sim.cost.fixed_backend import ConstantBackend
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 
 MAX_MODEL_LEN = 64
 

@@ -10,7 +10,8 @@ from servelab.serve.server import assemble
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import EOS_ID, ByteTokenizer, HFTokenizer, load_tokenizer
 from sim.cost.fixed_backend import ConstantBackend
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 
 TEXT = "héllo wörld € 😀 done"
 

@@ -8,7 +8,7 @@ import pytest
 
 from servelab.sweeps.grid import CapacitySlo, SweepContext, SweepPoint, find_capacity, run_point
 from servelab.sweeps.runners import LocalRunner
-from sim.cluster.run import ClusterConfig
+from sim.cluster.config import ClusterConfig
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine.core import Request
 from sim.engine.scheduler import Scheduler

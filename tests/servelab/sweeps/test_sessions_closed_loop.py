@@ -8,7 +8,7 @@ import pytest
 
 from servelab.sweeps.deployment_search import DeploymentProbe, Family, SearchContext, run_probe
 from servelab.sweeps.grid import CapacitySlo, SweepContext, SweepPoint, run_point
-from sim.cluster.run import ClusterConfig
+from sim.cluster.config import ClusterConfig
 from sim.cost.fixed_backend import ConstantBackend
 from sim.policy_runs import simulate_policy
 from workloads import open_trace

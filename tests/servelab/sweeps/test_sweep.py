@@ -14,7 +14,8 @@ from servelab.sweeps.grid import (
 )
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from sim.cost.roofline import AnalyticCostModel
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import run_trace

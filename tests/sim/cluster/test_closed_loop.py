@@ -10,11 +10,12 @@ import math
 import pytest
 
 from sim.cluster.closed_loop import closed_loop, run_closed_cluster, run_closed_trace
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.policy_runs import run_deployment
 from sim.replay.verdict import SloWatch

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cluster.run import run_cluster
 from sim.cluster.tables import replica_table
 from sim.cost.fixed_backend import ConstantBackend
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import StalledError, run_trace

@@ -7,7 +7,8 @@ from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import known_gpu, known_shapes
 from sim.engine.core import BatchPlan, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 
 

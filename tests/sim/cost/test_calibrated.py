@@ -19,7 +19,8 @@ from sim.cost.calibrated import (
 )
 from sim.engine.batch_plan import add_decodes, add_padding, add_to_plan
 from sim.engine.core import BatchPlan, Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 
 KNOTS = (1, 2, 4, 8, 16)  # any increasing rows: a calibration brings its kernels' own
 NAMES = feature_names(KNOTS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sim.engine.step import StepRecord
+from sim.engine.step_log import StepRecord
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("sim", "executor", "servelab")

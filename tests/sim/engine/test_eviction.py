@@ -7,7 +7,8 @@ import pytest
 
 from sim.engine.core import Request, RequestStatus, StepResult
 from sim.engine.queues import FairQueue, make_queue
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 
 
 def step(sched: Scheduler, now: float) -> list[str]:

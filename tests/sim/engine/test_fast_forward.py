@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cluster.run import run_cluster
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request, StepResult
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from workloads.trace import PREFIX_BLOCK_TOKENS

@@ -8,7 +8,8 @@ from sim.cost.fixed_backend import ConstantBackend
 from sim.engine.block_hashes import block_hashes
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import Request, StepResult
-from sim.engine.scheduler import POLICIES, Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import POLICIES, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import summarize
 from sim.replay.simulation import run_trace

@@ -8,7 +8,8 @@ import pytest
 from sim.cost.fixed_backend import ConstantBackend
 from sim.engine.core import Request
 from sim.engine.queues import FairQueue, predicted_output_len
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.metrics import jain_index, max_min_shares, summarize
 from sim.replay.simulation import run_trace

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.engine.core import FinishReason, Request, RequestStatus, StepResult
-from sim.engine.scheduler import POLICIES, Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import POLICIES, SchedulerConfig
 
 
 def make(rid: str, prompt: int, out: int, at: float = 0.0) -> Request:

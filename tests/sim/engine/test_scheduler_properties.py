@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from sim.cost.fixed_backend import ConstantBackend
 from sim.engine.core import FinishReason, Request, StepResult
-from sim.engine.scheduler import POLICIES, Scheduler, SchedulerConfig
-from sim.engine.scheduler_config import QUEUES
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import POLICIES, QUEUES, SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 

@@ -8,11 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig, run_cluster
+from sim.cluster.run import run_cluster
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine.core import Request
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.engine.step_log import FIELDS, StepLog, StepRecord, pack, step_array
 from sim.replay.metrics import step_table, summarize

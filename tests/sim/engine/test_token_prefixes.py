@@ -58,7 +58,8 @@ def test_segments_shifted_by_a_token_share_nothing():
 
 def test_a_simulated_conversation_finds_each_earlier_turn_in_the_cache():
     from sim.cost.fixed_backend import ConstantBackend
-    from sim.engine.scheduler import Scheduler, SchedulerConfig
+    from sim.engine.scheduler import Scheduler
+    from sim.engine.scheduler_config import SchedulerConfig
     from sim.engine.step import Engine
     from sim.replay.metrics import summarize
     from sim.replay.simulation import run_trace

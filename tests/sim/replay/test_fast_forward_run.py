@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import RouterConfig
-from sim.cluster.run import ClusterConfig
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine import fast_forward_run
 from sim.engine.core import Request
-from sim.engine.scheduler import SchedulerConfig
+from sim.engine.scheduler_config import SchedulerConfig
 from tests.sim.engine.test_fast_forward import replay
 
 STEP_S = 1 / 64  # exact in binary: step ends and arrivals on one grid meet exactly

@@ -14,14 +14,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.cluster.config import ClusterConfig
 from sim.cluster.router import Router, RouterConfig
-from sim.cluster.run import ClusterConfig, _Cluster, run_cluster
+from sim.cluster.run import _Cluster, run_cluster
 from sim.cost.fixed_backend import ConstantBackend
 from sim.cost.roofline import AnalyticCostModel
 from sim.engine import fast_forward_run
 from sim.engine.core import Request
 from sim.engine.fast_forward_run import FastForwardRun
-from sim.engine.scheduler import Scheduler, SchedulerConfig
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
 from tests.sim.engine.test_fast_forward import outcome
