@@ -1,6 +1,6 @@
 """Step times of the fitted GPU model beside vLLM's measured kernels (sim.cost.kernel_cost).
 
-    python benchmarks/kernel_steps.py [--hardware h100] [--vllm-version 0.24.0]
+    python benchmarks/fidelity/kernel_steps.py [--hardware h100] [--vllm-version 0.24.0]
 
 For Llama-3.1-8B, Llama-3.1-70B at tp 4 and Qwen3-32B at tp 2: a decode step of 1, 32 and
 256 rows at 1k context each, and one 2048-token prefill, in ms, old model then new.
