@@ -11,6 +11,7 @@ from typing import Any
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import (
     COSTS,
+    DEFAULT_COST,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DTYPE_NAMES,
     Deployment,
@@ -211,11 +212,11 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
                             "exchanged around each MoE layer (vLLM's expert parallel)")
-    group.add_argument("--cost", default="auto", choices=COSTS,
-                       help="auto (default): vLLM's measured kernels where the GPU has "
+    group.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
+                       help="gpu (default): the operator model fitted on published GPU "
+                            "profiles; auto: vLLM's measured kernels where the GPU has "
                             "tables (docs/kernels.md), else the fitted model; kernels: the "
-                            "measured kernels or an error; gpu: the operator model fitted "
-                            "on published GPU profiles; roofline: the analytic roofline")
+                            "measured kernels or an error; roofline: the analytic roofline")
     group.add_argument("--vllm-version", default=None,
                        help="the vLLM version whose measured kernels price steps (default: "
                             "the newest measured on the GPU)")

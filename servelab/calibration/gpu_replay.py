@@ -14,7 +14,7 @@ from sim.cluster.dp_lockstep import run_lockstep
 from sim.cluster.router import RouterConfig
 from sim.cluster.run import run_cluster
 from sim.cost.gpu_cost import GpuCostModel
-from sim.deployment import Deployment, DeploymentOptions, build_deployment
+from sim.deployment import DEFAULT_COST, Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import Request
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
@@ -41,6 +41,7 @@ class VllmRun:
     requests: tuple[tuple[float, int, int], ...]  # (arrival_s from 0, prompt, output)
     vllm: dict[str, float]  # summary key -> measured (as LLMServingSim's table states it)
     peer: dict[str, float]  # summary key -> LLMServingSim's prediction
+    vllm_version: str | None = None  # the engine measured (meta.json); picks its kernel tables
 
 
 def load_run(folder: Path) -> VllmRun:
@@ -66,28 +67,32 @@ def load_run(folder: Path) -> VllmRun:
     gpu, model = LSS_GPUS[folder.parts[-2]], LSS_MODELS[folder.parts[-1]]
     return VllmRun(f"{folder.parts[-2]}/{folder.parts[-1]}", gpu, model, meta["engine_kwargs"],
                    meta.get("kv_cache", {}).get("num_gpu_blocks"),
-                   tuple(sorted((a - start, p, o) for a, p, o in rows)), vllm, peer)
+                   tuple(sorted((a - start, p, o) for a, p, o in rows)), vllm, peer,
+                   meta.get("vllm_version"))
 
 
 def load_runs(root: Path = RUNS_DIR) -> list[VllmRun]:
     return [load_run(folder) for folder in sorted(root.glob("*/*")) if folder.is_dir()]
 
 
-def run_deployment(run: VllmRun, gpu_file: Path | None = None) -> Deployment:
+def run_deployment(run: VllmRun, gpu_file: Path | None = None,
+                   cost: str = DEFAULT_COST) -> Deployment:
     """The run's deployment as servelab resolves vLLM's arguments: the model's shipped config,
     the GPU file (`gpu_file` in place of the shipped one), vLLM's KV pool rule (the pool vLLM
-    reported, where meta.json has it)."""
+    reported, where meta.json has it), priced by `cost` (measured kernels at the run's own
+    vLLM version)."""
     kw = run.engine_kwargs
     return build_deployment(DeploymentOptions(
         model=kw["model"], hardware=str(gpu_file or run.gpu), dtype=kw["dtype"],
         tensor_parallel=kw["tensor_parallel_size"], data_parallel=kw.get("data_parallel_size", 1),
-        expert_parallel=bool(kw.get("enable_expert_parallel")), num_blocks=run.num_gpu_blocks))
+        expert_parallel=bool(kw.get("enable_expert_parallel")), num_blocks=run.num_gpu_blocks,
+        cost=cost, vllm_version=run.vllm_version if cost in ("auto", "kernels") else None))
 
 
-def replay(run: VllmRun, gpu_file: Path | None = None) -> dict:
+def replay(run: VllmRun, gpu_file: Path | None = None, cost: str = DEFAULT_COST) -> dict:
     """Simulate `run` with its engine arguments; the summary dict of the whole run."""
     kw = run.engine_kwargs
-    deployment = run_deployment(run, gpu_file)
+    deployment = run_deployment(run, gpu_file, cost)
     model, dp = deployment.cost_model, deployment.parallel.data_parallel
     if not isinstance(model, GpuCostModel):
         raise ValueError(f"{run.name}: expected the fitted GPU model, got {type(model).__name__}")

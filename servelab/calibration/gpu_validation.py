@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from servelab.calibration.splitwise import splitwise_steps
 from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import known_gpu, known_shapes
+from sim.deployment import DEFAULT_COST
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,13 @@ def splitwise_table(errors: list[StepError]) -> list[dict]:
     return rows
 
 
-def run_table(gpu_files: dict[str, Path] | None = None) -> list[dict]:
+def run_table(gpu_files: dict[str, Path] | None = None, cost: str = DEFAULT_COST) -> list[dict]:
     """Per run and metric: vLLM's value, ours, our error, LLMServingSim's error. `gpu_files`:
-    GPU files by preset name, in place of the shipped ones (measured all-reduces, say)."""
+    GPU files by preset name, in place of the shipped ones (measured all-reduces, say); `cost`
+    the --cost that prices the replays."""
     rows = []
     for run in load_runs():
-        ours = replay(run, (gpu_files or {}).get(run.gpu))
+        ours = replay(run, (gpu_files or {}).get(run.gpu), cost)
         for key in METRICS.values():
             measured = run.vllm[key]
             rows.append({"run": run.name, "metric": key, "vllm": measured, "ours": ours[key],
@@ -95,11 +98,17 @@ def format_runs(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The fitted GPU model against data never "
+                                     "fitted on: Splitwise's steps and four real vLLM runs.")
+    parser.add_argument("--cost", default=DEFAULT_COST, choices=("gpu", "kernels"),
+                        help="what prices the vLLM runs' replays (kernels: the measured "
+                             "tables at each run's vLLM version)")
+    cost = parser.parse_args(argv).cost
     print("Splitwise Llama-2-70B steps (never fitted on), signed error of predicted step time")
     print(format_splitwise(splitwise_table(splitwise_errors())))
-    print("\nLLMServingSim's real vLLM runs, replayed (never fitted on)")
-    print(format_runs(run_table()))
+    print(f"\nLLMServingSim's real vLLM runs, replayed (never fitted on), --cost {cost}")
+    print(format_runs(run_table(cost=cost)))
 
 
 if __name__ == "__main__":

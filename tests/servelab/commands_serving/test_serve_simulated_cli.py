@@ -35,8 +35,8 @@ def test_serve_simulate_answers_without_weights_and_drains_on_sigterm():
         match = re.search(r"listening on (http://\S+)", line)
         assert match, line
         url = match.group(1)
-        assert "llama-3-8b, simulated llama-3-8b on h200 (bf16); priced by vllm-kernels" in line
-        assert "kernel tables measured on h200" in line and ", chunked" in line
+        assert "llama-3-8b, simulated llama-3-8b on h200 (bf16); priced by gpu-fitted" in line
+        assert "extrapolated from its datasheet" in line and ", chunked" in line
         models = json.loads(get(f"{url}/v1/models"))
         assert models["data"][0]["id"] == "llama-3-8b"
         body = {"prompt": "hello", "max_tokens": 3}
