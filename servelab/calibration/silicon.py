@@ -78,12 +78,12 @@ def row_model(row: SiliconRow) -> str:
     return str(path)
 
 
-def row_deployment(model: str, plan: ReplayPlan) -> Deployment:
+def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE) -> Deployment:
     """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, with
-    the cost model the deployment builds by default."""
+    the cost model the deployment builds by default (`hardware`: a GPU preset or file)."""
     try:
         return build_deployment(DeploymentOptions(
-            model=model, hardware=HARDWARE, tensor_parallel=plan.tensor_parallel,
+            model=model, hardware=hardware, tensor_parallel=plan.tensor_parallel,
             data_parallel=plan.data_parallel, expert_parallel=plan.expert_parallel,
             max_num_batched_tokens=plan.max_num_batched_tokens,
             max_num_seqs=plan.max_num_seqs, quantization=plan.quantization))
@@ -139,23 +139,36 @@ def measured_means(requests: Sequence[Request], warmup: int) -> tuple[float, flo
     return float(table["ttft_ms"].mean()), float(table["tpot_ms"].mean())
 
 
-def simulate_row(row: SiliconRow, rounds: int = MEASURED_ROUNDS) -> RowResult:
-    """The row replayed (`rounds` measured rounds of its users), or refused with the
-    reason."""
+def simulate_row(row: SiliconRow, rounds: int = MEASURED_ROUNDS,
+                 hardware: str = HARDWARE) -> RowResult:
+    """The row replayed (`rounds` measured rounds of its users) on `hardware` (an H100
+    preset or file), or refused with the reason."""
     try:
         model = row_model(row)  # the model's reason first: it outlasts a precision's
         plan = replay_plan(row, rounds)
-        requests = run_closed_loop(plan, row_deployment(model, plan))
+        requests = run_closed_loop(plan, row_deployment(model, plan, hardware))
         ttft_ms, tpot_ms = measured_means(requests, plan.warmup_requests)
     except RowRefused as refusal:
         return RowResult(row, None, None, str(refusal))
     return RowResult(row, ttft_ms, tpot_ms)
 
 
-def simulate_rows(rows: Iterable[SiliconRow] | None = None,
-                  rounds: int = MEASURED_ROUNDS) -> list[RowResult]:
+def simulate_rows(rows: Iterable[SiliconRow] | None = None, rounds: int = MEASURED_ROUNDS,
+                  hardware: str = HARDWARE) -> list[RowResult]:
     """Every row (the shipped ones by default) replayed or refused."""
-    return [simulate_row(row, rounds) for row in (load_rows() if rows is None else rows)]
+    rows = load_rows() if rows is None else rows
+    return [simulate_row(row, rounds, hardware) for row in rows]
+
+
+def result_record(result: RowResult) -> dict:
+    """One row's measurement, prediction and error as JSON-ready data."""
+    row, done = result.row, result.simulated
+    return {"id": row.row_id, "model": row.model, "tp": row.tp,
+            "precision": row.precision or "bf16", "isl": row.isl, "osl": row.osl,
+            "users": row.batch_size * row.attention_dp, "measured_ttft_ms": row.ttft_ms,
+            "measured_tpot_ms": row.tpot_ms, "ttft_ms": result.ttft_ms,
+            "tpot_ms": result.tpot_ms, "ttft_error": result.ttft_error if done else None,
+            "tpot_error": result.tpot_error if done else None, "refused": result.refused}
 
 
 def error_stats(errors: Sequence[float]) -> dict[str, float | None]:
