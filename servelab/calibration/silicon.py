@@ -102,10 +102,13 @@ def scheduler_config(plan: ReplayPlan, deployment: Deployment) -> SchedulerConfi
 
 
 def run_closed_loop(plan: ReplayPlan, deployment: Deployment) -> list[Request]:
-    """The row's users closed-loop through its engines: warm-up requests then measured
-    ones, every one released as a user's previous answer ends; all requests, in the order
-    they were released."""
-    n = plan.warmup_requests + plan.measured_requests
+    """The row's measured requests closed-loop through its engines: all users start at once,
+    each sends its next request as its last answer ends; the requests, in the order sent.
+
+    aiperf waits for every warm-up answer before its profiling phase starts, and a
+    simulated engine has nothing to warm (no compilation, no allocation, and the random
+    prompts share no prefix), so the warm-up leaves it as it found it: it is not replayed."""
+    n = plan.measured_requests
     requests = [Request(f"r{i}", 0.0, plan.prompt_len, plan.output_len) for i in range(n)]
     # One lone chain per request, taken in row order: request i is the i-th one sent.
     loop = ClosedLoop(requests, chains_of([None] * n, [0] * n, [0.0] * n), [0.0] * n,
@@ -126,16 +129,17 @@ def run_closed_loop(plan: ReplayPlan, deployment: Deployment) -> list[Request]:
     return requests
 
 
-def measured_means(requests: Sequence[Request], warmup: int) -> tuple[float, float]:
-    """Mean TTFT and TPOT (ms) of the requests after the first `warmup`, as aiperf's
-    profiling phase reports them; RowRefused if any did not complete."""
-    measured = list(requests[warmup:])
-    undone = [r for r in measured if r.finish_reason is not FinishReason.LENGTH]
+def measured_means(requests: Sequence[Request]) -> tuple[float, float]:
+    """Mean TTFT and TPOT (ms) of the requests, as aiperf's profiling phase reports them;
+    RowRefused if any did not complete."""
+    undone = [r for r in requests if r.finish_reason is not FinishReason.LENGTH]
     if undone:
         first = undone[0]
+        why = first.finish_reason.value if first.finish_reason else "unfinished"
+        detail = f"{why} {first.finish_detail}".strip()
         raise RowRefused(f"{len(undone)} requests did not complete ({first.request_id}: "
-                         f"{first.finish_reason} {first.finish_detail})".rstrip() + ")")
-    table = request_table(measured)
+                         f"{detail})")
+    table = request_table(list(requests))
     return float(table["ttft_ms"].mean()), float(table["tpot_ms"].mean())
 
 
@@ -147,7 +151,7 @@ def simulate_row(row: SiliconRow, rounds: int = MEASURED_ROUNDS,
         model = row_model(row)  # the model's reason first: it outlasts a precision's
         plan = replay_plan(row, rounds)
         requests = run_closed_loop(plan, row_deployment(model, plan, hardware))
-        ttft_ms, tpot_ms = measured_means(requests, plan.warmup_requests)
+        ttft_ms, tpot_ms = measured_means(requests)
     except RowRefused as refusal:
         return RowResult(row, None, None, str(refusal))
     return RowResult(row, ttft_ms, tpot_ms)

@@ -72,7 +72,7 @@ class ReplayPlan:
     """The load and the engine of one row, as vLLM's flags name them."""
 
     users: int
-    warmup_requests: int  # sent first, left out of the means
+    warmup_requests: int  # sent first, all answered before the measured ones are sent
     measured_requests: int
     prompt_len: int
     output_len: int

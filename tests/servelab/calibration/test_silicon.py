@@ -15,6 +15,9 @@ from servelab.calibration.silicon import (
     error_table,
     measured_means,
     refusals,
+    row_deployment,
+    row_model,
+    run_closed_loop,
     simulate_row,
 )
 from servelab.calibration.silicon_rows import (
@@ -92,16 +95,27 @@ def _done(ttft_s: float, tokens: int, gap_s: float) -> Request:
     return request
 
 
-def test_means_leave_out_the_warm_up_requests():
-    requests = [_done(9.0, 3, 1.0), _done(0.1, 3, 0.02), _done(0.3, 3, 0.04)]
-    ttft_ms, tpot_ms = measured_means(requests, warmup=1)
+def test_means_average_every_measured_request():
+    requests = [_done(0.1, 3, 0.02), _done(0.3, 3, 0.04)]
+    ttft_ms, tpot_ms = measured_means(requests)
     assert ttft_ms == pytest.approx(200.0)
     assert tpot_ms == pytest.approx(30.0)
 
 
 def test_means_refuse_a_run_with_unfinished_requests():
-    with pytest.raises(RowRefused, match="1 requests did not complete"):
-        measured_means([_done(0.1, 3, 0.02), Request("late", 0.0, 8, 3)], warmup=0)
+    with pytest.raises(RowRefused, match=r"1 requests did not complete \(late: unfinished\)"):
+        measured_means([_done(0.1, 3, 0.02), Request("late", 0.0, 8, 3)])
+
+
+def test_replay_sends_the_measured_requests_only_all_users_at_once():
+    """aiperf drains the warm-up before measuring, which leaves a simulated engine as it was."""
+    row = replace(DENSE, isl=64, osl=4, batch_size=3)
+    plan = replay_plan(row, rounds=2)
+    requests = run_closed_loop(plan, row_deployment(row_model(row), plan))
+    assert len(requests) == plan.measured_requests == 6
+    assert [r.arrival_s for r in requests[:3]] == [0.0, 0.0, 0.0]
+    # The fourth request waits for the first answer.
+    assert requests[3].arrival_s == pytest.approx(min(r.finish_s for r in requests[:3]))
 
 
 def test_error_stats_give_signed_median_and_p90_of_magnitude():
