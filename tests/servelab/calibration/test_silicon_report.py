@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from servelab.calibration.silicon import RowResult
-from servelab.calibration.silicon_rows import SiliconRow
+from servelab.calibration.silicon import RowResult, simulate_row
+from servelab.calibration.silicon_rows import SiliconRow, replay_plan
 from servelab.cli import main
 from servelab.reporting.charts.silicon_charts import silicon_scatter
 
@@ -37,3 +37,23 @@ def test_scatter_needs_a_predicted_row(tmp_path):
     row = SiliconRow("x", "Qwen/Qwen3-32B", "", "", "", "", 8, 8, 1, 1, 1, 1, 0, 0, 1.0, 1.0)
     with pytest.raises(ValueError, match="no row has a prediction"):
         silicon_scatter([RowResult(row, None, None, "why")], tmp_path / "x.png", "t")
+
+
+def test_a_row_replays_as_simulate_runs_its_flags(tmp_path, capsys):
+    """The harness and `servelab simulate --users` with the row's vLLM flags are one path."""
+    row = SiliconRow("small", "Qwen/Qwen3-32B", "", "", "", "", 64, 4, 3, 2, 1, 1, 1, 1,
+                     100.0, 10.0)
+    plan = replay_plan(row, rounds=2)
+    out = tmp_path / "run.json"
+    assert main(["simulate", "--trace",
+                 f"synthetic:n={plan.measured_requests},rate=1000,prompt=fixed({row.isl}),"
+                 f"output=fixed({row.osl})", "--users", str(plan.users), "--model", row.model,
+                 "--hardware", "h100", "--tp", str(plan.tensor_parallel), "--policy", "chunked",
+                 "--max-num-seqs", str(plan.max_num_seqs),
+                 "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
+                 "--max-model-len", str(plan.max_model_len), "--json", str(out)]) == 0
+    capsys.readouterr()
+    cli = json.loads(out.read_text())["results"]["chunked"]
+    ours = simulate_row(row, rounds=2)
+    assert ours.ttft_ms == pytest.approx(cli["mean_ttft_ms"])
+    assert ours.tpot_ms == pytest.approx(cli["mean_tpot_ms"])
