@@ -1,5 +1,5 @@
-"""`servelab fidelity-gpu`: the fitted GPU cost model against Splitwise's steps and
-LLMServingSim's real vLLM runs, as tables, charts and JSON."""
+"""`servelab fidelity-gpu`: the GPU cost model against Splitwise's steps, LLMServingSim's
+real vLLM runs and AIConfigurator's measured H100 vLLM runs, as tables, charts and JSON."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ from servelab.calibration.gpu_validation import (
     splitwise_errors,
     splitwise_table,
 )
-from servelab.reporting.gpu_fidelity import write_report
+from servelab.calibration.silicon import (
+    error_table,
+    format_error_table,
+    format_refusals,
+    simulate_rows,
+)
+from servelab.calibration.silicon_rows import HARDWARE, MEASURED_ROUNDS
+from servelab.reporting.gpu_fidelity import write_report, write_silicon_report
 from sim.specs.hardware import hardware_spec
 
 
@@ -25,25 +32,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu-file", type=Path, action="append", default=[], metavar="FILE",
                         help="a GPU file replacing the shipped GPU of its name in the vLLM "
                              "replays, e.g. with measured all-reduces (repeatable)")
+    parser.add_argument("--silicon-only", action="store_true",
+                        help="replay only AIConfigurator's H100 vLLM runs")
+    parser.add_argument("--silicon-rounds", type=int, default=MEASURED_ROUNDS, metavar="N",
+                        help="measured requests per user in each AIConfigurator run "
+                             f"(default {MEASURED_ROUNDS}, as measured; fewer is faster)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    errors = splitwise_errors()
-    split_rows = splitwise_table(errors)
-    print("Splitwise Llama-2-70B steps (never fitted on), signed error of predicted step time")
-    print(format_splitwise(split_rows))
+    if args.silicon_rounds < 1:
+        raise ValueError(f"--silicon-rounds must be >= 1, got {args.silicon_rounds}")
+    files = _gpu_files(args.gpu_file)
+    if not args.silicon_only:
+        _llmservingsim_and_splitwise(files, args.out)
+    results = simulate_rows(rounds=args.silicon_rounds,
+                            hardware=str(files.get(HARDWARE, HARDWARE)))
+    print("\nAIConfigurator's H100 vLLM runs, replayed (never fitted on); signed median and "
+          "p90 |error| of mean TTFT and TPOT")
+    print(format_error_table(error_table(results)))
+    if any(not r.simulated for r in results):
+        print(format_refusals(results))
+    for path in write_silicon_report(results, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _gpu_files(paths: list[Path]) -> dict[str, Path]:
+    """GPU files by the preset name they replace; a name no replay runs is an error."""
+    gpus = sorted({run.gpu for run in load_runs()} | {HARDWARE})
     files = {}
-    gpus = sorted({run.gpu for run in load_runs()})
-    for path in args.gpu_file:
+    for path in paths:
         name = hardware_spec(str(path)).name  # a bad file's error names the file and field
         if name not in gpus:
             raise ValueError(f"--gpu-file {path}: GPU {name!r} runs none of the replays; "
                              f"name it one of {', '.join(gpus)}")
         files[name] = path
+    return files
+
+
+def _llmservingsim_and_splitwise(files: dict[str, Path], out: Path) -> None:
+    errors = splitwise_errors()
+    split_rows = splitwise_table(errors)
+    print("Splitwise Llama-2-70B steps (never fitted on), signed error of predicted step time")
+    print(format_splitwise(split_rows))
     run_rows = run_table(files)
     print("\nLLMServingSim's real vLLM runs, replayed (never fitted on)")
     print(format_runs(run_rows))
-    for path in write_report(errors, split_rows, run_rows, args.out):
+    for path in write_report(errors, split_rows, run_rows, out):
         print(f"wrote {path}")
-    return 0

@@ -1,5 +1,6 @@
 """Charts of the GPU cost model's validation: predicted against measured Splitwise step
-time (log-log, one colour per GPU and TP), and per-run errors beside LLMServingSim's."""
+time (log-log, one colour per GPU and TP), per-run errors beside LLMServingSim's, and
+AIConfigurator's H100 vLLM runs replayed (predicted against measured means)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servelab.calibration.gpu_validation import run_table, splitwise_errors, splitwise_table  # noqa: E402
+from servelab.calibration.silicon import (  # noqa: E402
+    RowResult,
+    error_table,
+    refusals,
+    result_record,
+)
+from servelab.reporting.charts.silicon_charts import silicon_scatter  # noqa: E402
 from servelab.reporting.sections import Section  # noqa: E402
 
 
@@ -64,6 +72,17 @@ def write_report(errors: list, split_rows: list[dict], run_rows: list[dict],
     paths[2].write_text(json.dumps({"splitwise": split_rows, "runs": run_rows}, indent=1) + "\n")
     return paths
 
+
+def write_silicon_report(results: list[RowResult], out_dir: Path) -> list[Path]:
+    """The silicon rows' scatter chart and their table, rows and refusals as JSON."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chart = silicon_scatter(results, out_dir / "silicon_h100.png",
+                            "AIConfigurator's H100 vLLM runs, replayed")
+    data = out_dir / "silicon_h100.json"
+    data.write_text(json.dumps({"table": error_table(results),
+                                "refused": dict(refusals(results)),
+                                "rows": [result_record(r) for r in results]}, indent=1) + "\n")
+    return [chart, data]
 
 
 def gpu_fidelity_section(out: Path) -> Section:
