@@ -50,8 +50,9 @@ from servelab.bench.client import BenchConfig, BenchRequest, bench_requests, run
 from servelab.serve.api import build_app
 from servelab.serve.engine_thread import EngineThread, EngineThreadConfig
 from servelab.serve.server import assemble, bind
-from servelab.serve.simulated import SimulatedBackend, filler_token_id
+from servelab.serve.simulated import SimulatedBackend
 from servelab.serve.state import ApiConfig
+from servelab.serve.token_pool import round_trip_token_ids
 from servelab.serve.tokenize_api import add_tokenize_routes
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.deployment import DeploymentOptions, build_deployment
@@ -184,7 +185,7 @@ def start_server(stamps: Stamps) -> tuple[str, uvicorn.Server, EngineThread]:
     deployment = build_deployment(DeploymentOptions(model="llama-3-8b", hardware="a100-80gb"))
     tokenizer = ByteTokenizer()
     config = SchedulerConfig(num_blocks=deployment.kv_pool.num_blocks, max_model_len=8192)
-    backend = SimulatedBackend(deployment.cost_model, filler_token_id(tokenizer))
+    backend = SimulatedBackend(deployment.cost_model, round_trip_token_ids(tokenizer))
     state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size,
                      ApiConfig("llama-3-8b", 8192), EngineThreadConfig())
     instrument_server(stamps, state.engine)

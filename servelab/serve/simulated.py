@@ -7,20 +7,19 @@ server behaves like a deployment of any size the cost model describes, with no w
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from servelab.serve.tokenizer import Tokenizer
+from servelab.serve.token_pool import draw_token
 from sim.engine.core import Backend, BatchPlan, Request, StepResult
-
-FILLER_TEXT = "x"  # what every simulated token decodes to: printable, one byte, not a stop
 
 
 class SimulatedBackend:
-    """Each step takes the cost model's duration of wall-clock time and samples `token_id`.
+    """Each step takes the cost model's duration of wall-clock time and draws from `pool`.
 
-    Every sampled token is the same fixed id (deterministic, seed-independent): a simulated
-    model has no distribution to draw from, and a token that is never EOS makes every request
-    run to its max_tokens, as the simulator assumes.
+    A sampled token is drawn from the pool (servelab/serve/token_pool.py) by the request's
+    seed and the token's index, so a request's text depends on its seed alone and re-encodes
+    to the ids counted. The pool holds no EOS, so every request runs to its max_tokens, as
+    the simulator assumes.
 
     The engine thread spends time of its own between steps (scheduling, updating requests,
     handing tokens to the HTTP side). The simulator's steps run back to back, so when a step
@@ -28,11 +27,13 @@ class SimulatedBackend:
     end: that bookkeeping, and any oversleep of the last sleep, come out of this step's sleep.
     """
 
-    def __init__(self, cost: Backend, token_id: int,
+    def __init__(self, cost: Backend, pool: Sequence[int],
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.cost = cost
-        self.token_id = token_id
+        if not pool:
+            raise ValueError("SimulatedBackend: the token pool is empty")
+        self.pool = pool
         self._sleep = sleep
         self._clock = clock
         self._due_s: float | None = None  # clock() at which the previous step was due to end
@@ -41,7 +42,7 @@ class SimulatedBackend:
         """Sleep until the step's predicted end; the sampled tokens and the wall time taken."""
         start_s = self._clock()
         duration_s = self.cost.execute(plan).duration_s
-        sampled = sampled_token_ids(plan, self.token_id)
+        sampled = sampled_token_ids(plan, self.pool)
         begin_s = start_s
         if self._due_s is not None and continues_running(plan):
             # Credit at most this step's own duration: a backlog larger than that (a machine
@@ -55,7 +56,7 @@ class SimulatedBackend:
         return StepResult(self._clock() - start_s, sampled)
 
     def free(self, request: Request) -> None:
-        """Backend protocol: the fixed token needs no per-request state."""
+        """Backend protocol: drawing a token needs no per-request state."""
         self.cost.free(request)
 
 
@@ -68,20 +69,13 @@ def continues_running(plan: BatchPlan) -> bool:
     return len(plan.admitted) < len(plan.requests) or bool(plan.padding)
 
 
-def sampled_token_ids(plan: BatchPlan, token_id: int) -> dict[str, int]:
-    """token_id for every row that completes its sequence this step (the scheduler's rule:
-    computed + scheduled tokens reach prompt + output so far); prefill chunks short of the
-    end and padding rows sample nothing."""
+def sampled_token_ids(plan: BatchPlan, pool: Sequence[int]) -> dict[str, int]:
+    """A token drawn from pool for every row that completes its sequence this step (the
+    scheduler's rule: computed + scheduled tokens reach prompt + output so far); prefill
+    chunks short of the end and padding rows sample nothing."""
     sampled = {}
     for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
         if request.num_computed_tokens + n == request.prompt_len + len(request.token_times_s):
-            sampled[request.request_id] = token_id
+            index = len(request.output_token_ids)  # which output token this draw produces
+            sampled[request.request_id] = draw_token(pool, request.sampling.seed, index)
     return sampled
-
-
-def filler_token_id(tokenizer: Tokenizer) -> int:
-    """The id FILLER_TEXT encodes to (the last one, past a BOS the tokenizer may add)."""
-    ids = [t for t in tokenizer.encode(FILLER_TEXT) if t != tokenizer.eos_token_id]
-    if not ids:
-        raise ValueError(f"tokenizer {tokenizer.name}: {FILLER_TEXT!r} encodes to no token")
-    return ids[-1]
