@@ -22,6 +22,7 @@ from servelab.sim_args import (
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
 from sim.policy_runs import PolicyOutcome, simulate_policies
+from sim.replay.overload import Overload
 from workloads import Trace
 
 
@@ -75,12 +76,15 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
                                   getattr(args, "workers", None), cluster, args.users,
                                   args.open_loop)
-    results = {p: outcomes[p].summary for p in policies}
+    results = {p: _with_verdict(outcomes[p]) for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
     print(format_summaries(results))
+    verdicts = format_verdicts({p: outcomes[p].verdict for p in policies})
+    if verdicts:
+        print(f"\n{verdicts}")
     classes = format_classes(results)
     if classes:
         print(f"\n{classes}")
@@ -105,6 +109,38 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
+
+
+def _with_verdict(outcome: PolicyOutcome) -> dict:
+    """The summary, and under "verdict" the overload verdict (one engine's runs only)."""
+    if outcome.verdict is None:
+        return outcome.summary
+    return {**outcome.summary, "verdict": outcome.verdict.to_dict()}
+
+
+def format_verdicts(verdicts: dict[str, Overload | None]) -> str:
+    """One line per policy: kept up or not, how fast the queue grows, what bound it."""
+    return "\n".join(f"{policy}: {_verdict_line(v)}" for policy, v in verdicts.items()
+                     if v is not None)
+
+
+def _verdict_line(v: Overload) -> str:
+    falling = v.state == "falling behind"
+    if v.sustainable_rps is None:
+        sustainable = "no busy time"
+    else:  # a light run's small batches make it a lower bound
+        sustainable = (f"sustainable {'~' if falling else 'at least '}"
+                       f"{v.sustainable_rps:.2f} req/s, completed per busy second")
+    if v.binding == "none":
+        bound = "no request waited"
+    elif falling:
+        bound = f"bound by {v.binding} ({v.binding_share:.0%} of the steps that left " \
+                "requests waiting)"
+    else:
+        bound = f"requests left waiting after {v.waited_share:.0%} of steps, mostly by " \
+                f"{v.binding}"
+    return (f"{v.state}: the queue grows {v.queue_growth_rps:+.2f} req/s over the second "
+            f"half of arrivals (offered {v.offered_rps:.2f} req/s, {sustainable}); {bound}")
 
 
 def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
