@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
             print(f"\n{policy}, per engine:")
             print(format_replicas(outcomes[policy].replicas))
     if args.out is not None:
-        _write_out(args.out, trace.name, outcomes)
+        _write_out(args.out, chart_title(trace, args.qps_scale, where), outcomes)
         write_json_atomic(args.out / "summary.json", payload)
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
@@ -152,11 +152,18 @@ def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
     return "open loop"
 
 
-def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome]) -> None:
+def chart_title(trace: Trace, qps_scale: float, deployment: str) -> str:
+    """The run in a few words for chart titles: trace, its rate, model and GPU."""
+    scaled = f" x{qps_scale:g}" if qps_scale != 1 else ""
+    rate = f"{len(trace) / trace.span_s:.2f} req/s" if trace.span_s > 0 else "all at once"
+    return f"{trace.name}{scaled} at {rate}; {deployment.split('; ')[0]}"
+
+
+def _write_out(out_dir: Path, title: str, outcomes: dict[str, PolicyOutcome]) -> None:
     from servelab.reporting.charts.basic import write_run_outputs
 
     charts, tables = write_run_outputs({p: o.tables for p, o in outcomes.items()}, out_dir,
-                                       trace_name, {p: o.replicas for p, o in outcomes.items()})
+                                       title, {p: o.replicas for p, o in outcomes.items()})
     print(f"wrote {charts} charts and {tables} tables to {out_dir}")
 
 
