@@ -3,8 +3,8 @@
 Clients such as aiperf count output tokens by encoding the text they received. A run of
 one token ("xxxx") merges under a BPE tokenizer, so they would count 2 tokens where the
 server sent 128. The pool holds ids that survive decode-then-encode next to each other
-(whole words between the pre-tokenizer's splits, or single bytes), and each request draws
-from it by its seed, as a dummy-weights vLLM draws from its vocabulary.
+(whole words between the pre-tokenizer's splits, or single bytes), checked on a drawn
+sequence, and each request draws from it by its seed.
 """
 
 from __future__ import annotations
@@ -27,23 +27,40 @@ class NoRoundTripTokens(ValueError):
 
 
 def round_trip_token_ids(tokenizer: Tokenizer, size: int = POOL_SIZE) -> tuple[int, ...]:
-    """Up to `size` ids (sorted) that any sequence drawn from them re-encodes to itself."""
+    """Up to `size` ids (sorted) that any sequence drawn from them re-encodes to itself.
+
+    Whole words first: ids whose text is letters that the decoder separates from the next
+    id by a space (" holders", or a word-level tokenizer's "hello"), so every pre-tokenizer
+    that splits at spaces encodes each on its own. A tokenizer with none (byte-level,
+    without merges) gets any printable id that keeps itself next to its neighbours.
+    """
+    for is_word in (True, False):
+        pool = _scan(tokenizer, size, is_word)
+        sample = [draw_token(pool, 0, index) for index in range(CHECK_TOKENS)] if pool else []
+        if pool and _round_trips(tokenizer, sample):
+            return pool
+    raise NoRoundTripTokens(f"tokenizer {tokenizer.name}: no set of tokens whose text "
+                            "re-encodes to themselves; cannot draw simulated output")
+
+
+def _scan(tokenizer: Tokenizer, size: int, is_word: bool) -> tuple[int, ...]:
+    """Candidates in a fixed shuffled order, each kept if it round-trips after the last
+    CONTEXT kept ones (and, for words, is one)."""
     order = np.random.default_rng(0).permutation(tokenizer.vocab_size)[:MAX_SCANNED]
     pool: list[int] = []
     for token in order.tolist():
-        if _keeps_itself(tokenizer, pool[-CONTEXT:], token):
+        if (not is_word or _is_word(tokenizer, token)) and \
+                _keeps_itself(tokenizer, pool[-CONTEXT:], token):
             pool.append(token)
             if len(pool) == size:
                 break
-    if not pool:
-        raise NoRoundTripTokens(f"tokenizer {tokenizer.name}: no token's text re-encodes to "
-                                "itself; cannot draw simulated output")
-    ids = tuple(sorted(pool))
-    sample = [draw_token(ids, 0, index) for index in range(CHECK_TOKENS)]
-    if not _round_trips(tokenizer, sample):
-        raise NoRoundTripTokens(f"tokenizer {tokenizer.name}: drawn tokens do not re-encode "
-                                "to themselves; cannot draw simulated output")
-    return ids
+    return tuple(sorted(pool))
+
+
+def _is_word(tokenizer: Tokenizer, token: int) -> bool:
+    """ASCII letters whose repeat the decoder writes with a space between ("a a")."""
+    first, *rest = tokenizer.decode([token, token]).strip().split(" ")
+    return rest == [first] and first.isascii() and first.isalpha()
 
 
 def _keeps_itself(tokenizer: Tokenizer, context: list[int], token: int) -> bool:

@@ -34,6 +34,26 @@ def write_bpe_tokenizer(directory: Path) -> Path:
     return directory
 
 
+def write_trained_bpe(directory: Path) -> Path:
+    """A byte-level BPE trained on this package's source: sub-word pieces that merge with
+    their neighbours ("cre" + "qkv" re-encodes as "c" + "req" + "kv"), and runs of x."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    import servelab.serve.tokenizer as source
+
+    texts = [Path(source.__file__).read_text()] * 3 + ["x" * 64] * 50
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=1500, special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    return directory
+
+
 def drawn(pool: tuple[int, ...], seed: int, count: int) -> list[int]:
     return [draw_token(pool, seed, index) for index in range(count)]
 
@@ -60,6 +80,15 @@ def test_bpe_pool_avoids_tokens_that_merge_when_repeated(tmp_path):
     pool = round_trip_token_ids(tokenizer)
     assert x not in pool and tokenizer.eos_token_id not in pool
     assert tokenizer.encode(" hello", add_special_tokens=False)[0] in pool
+    assert_round_trips(tokenizer, pool)
+
+
+def test_trained_bpe_pool_holds_whole_words_that_never_merge(tmp_path):
+    tokenizer = HFTokenizer(write_trained_bpe(tmp_path / "trained"))
+    assert len(tokenizer.encode("x" * 128, add_special_tokens=False)) == 2
+    pool = round_trip_token_ids(tokenizer)
+    assert len(pool) > 50
+    assert all(tokenizer.decode([token]).strip().isalpha() for token in pool)
     assert_round_trips(tokenizer, pool)
 
 
