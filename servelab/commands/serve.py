@@ -190,6 +190,8 @@ def _priced_at_budget(description: str, deployment: Deployment, config: Schedule
     if hardware is None:  # a calibration: no fitted-data coverage in the description
         return description
     model = deployment.model.name
+    # The description states coverage for 2048-token steps, the chunked default, whatever
+    # the budget; restate it for this engine's (a no-op once the two agree).
     assumed = gpu_coverage(model, hardware.name, DEFAULT_CHUNKED_BUDGET)
     return description.replace(assumed, gpu_coverage(model, hardware.name, config.budget))
 

@@ -81,13 +81,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
-    print(format_summaries(results))
-    verdicts = format_verdicts({p: outcomes[p].verdict for p in policies})
-    if verdicts:
-        print(f"\n{verdicts}")
-    classes = format_classes(results)
-    if classes:
-        print(f"\n{classes}")
+    _print_results(results, {p: outcomes[p].verdict for p in policies})
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
@@ -109,6 +103,14 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
+
+
+def _print_results(results: dict[str, dict], verdicts: dict[str, Overload | None]) -> None:
+    """The summary table, the overload verdicts, and the per-class tables if any."""
+    print(format_summaries(results))
+    for block in (format_verdicts(verdicts), format_classes(results)):
+        if block:
+            print(f"\n{block}")
 
 
 def _with_verdict(outcome: PolicyOutcome) -> dict:
