@@ -8,6 +8,7 @@ includes the executor's own overhead.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -62,7 +63,8 @@ class ModelBackend:
     def __init__(self, model: Transformer, block_manager: BlockManager,
                  device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None,
-                 step_log: list[tuple[BatchPlan, float]] | None = None) -> None:
+                 step_log: list[tuple[BatchPlan, float]] | None = None,
+                 allowed_token_ids: Sequence[int] | None = None) -> None:
         weight = model.tok_embeddings
         self.device = torch.device(device) if device is not None else weight.device
         self.dtype = dtype or weight.dtype
@@ -82,7 +84,7 @@ class ModelBackend:
             shape[3] = block_manager.num_host_blocks  # [L, 2, Hkv, host blocks, size, D]
             self.host_kv = torch.zeros(shape, dtype=self.dtype,
                                        pin_memory=self.device.type == "cuda")
-        self.sampler = Sampler(self.device)
+        self.sampler = Sampler(self.device, allowed_token_ids)
         # If given, every executed step's (plan, seconds) is appended: what a cost model
         # is checked against (sim.cost.calibrated.in_run_step_error).
         self.step_log = step_log

@@ -6,22 +6,15 @@ random stream depends only on itself: not on batch composition, step order or pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from sim.engine.core import Request, SamplingParams
+from sim.engine.core import Request, SamplingParams, token_seed
 
-_MASK64 = (1 << 64) - 1
 # A temperature below this is greedy, as in vLLM: dividing logits by a tiny one overflows
 # float32 to inf, softmax turns the infs into NaN, and the draw returns the last token id.
 GREEDY_BELOW_TEMPERATURE = 1e-5
-
-
-def token_seed(seed: int, index: int) -> int:
-    """A well-mixed 63-bit seed for output token `index` of a request seeded `seed`."""
-    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xD1B54A32D192ED03) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64  # splitmix64 finalizer
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) >> 1
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
@@ -59,14 +52,24 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 
 class Sampler:
-    """Samples the next token of each row; one reseeded generator per live request."""
+    """Samples the next token of each row; one reseeded generator per live request.
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    `allowed_token_ids` (None: all) limits every draw to those ids, as vLLM's
+    allowed_token_ids does for one request: random weights then emit only text that
+    re-encodes to the ids sampled (servelab/serve/simulated.py).
+    """
+
+    def __init__(self, device: torch.device | str = "cpu",
+                 allowed_token_ids: Sequence[int] | None = None) -> None:
         self.device = torch.device(device)
         self._generators: dict[str, torch.Generator] = {}
+        self._allowed = None if allowed_token_ids is None else list(allowed_token_ids)
+        self._mask: torch.Tensor | None = None  # [vocab]: 0 where allowed, -inf elsewhere
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """Tokens for logits [S, vocab], row i belonging to requests[i]."""
+        if self._allowed is not None:
+            logits = logits + self._mask_of(logits)
         tokens = [0] * len(requests)
         greedy = [i for i, r in enumerate(requests) if is_greedy(r.sampling)]
         if greedy:
@@ -77,6 +80,13 @@ class Sampler:
             if not is_greedy(request.sampling):
                 tokens[i] = sample_row(logits[i].float(), request.sampling, self._seeded(request))
         return tokens
+
+    def _mask_of(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._mask is None or self._mask.shape[0] != logits.shape[-1]:
+            mask = torch.full((logits.shape[-1],), float("-inf"), device=logits.device)
+            mask[self._allowed] = 0.0
+            self._mask = mask
+        return self._mask.to(logits.dtype)
 
     def _seeded(self, request: Request) -> torch.Generator:
         generator = self._generators.get(request.request_id)

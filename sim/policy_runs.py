@@ -30,6 +30,7 @@ from sim.replay.metrics import (
     step_table,
     summarize,
 )
+from sim.replay.overload import EngineLimits, Overload, overload_verdict
 from sim.replay.simulation import RunResult, run_trace
 from sim.replay.verdict import VerdictReached
 from sim.replay.workload import requests_from_trace
@@ -55,6 +56,7 @@ class PolicyOutcome:
     summary: dict
     tables: RunTables | None = None
     replicas: pd.DataFrame | None = None  # sim.cluster.tables.replica_table()
+    verdict: Overload | None = None  # sim.replay.overload; None for a cluster
 
 
 def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
@@ -73,12 +75,19 @@ def simulate_policy(trace: Trace, config: SchedulerConfig, backend: Backend,
     replicas = None if ran is None else replica_table(ran)
     bar.close()
     summary = summarize(result, slo)
+    if ran is not None:  # a cluster: one queue per engine, no single verdict
+        tables = run_tables(result, summary) if keep_tables else None
+        if tables is not None:
+            tables.requests["replica"] = served_by(ran)
+        return PolicyOutcome(summary, tables, replicas)
+    steps, table = step_table(result.steps), request_table(result.requests)
+    limits = EngineLimits(config.num_blocks, config.budget, config.max_num_seqs)
+    verdict = overload_verdict(steps, table, limits)
     if not keep_tables:
-        return PolicyOutcome(summary, replicas=replicas)
-    tables = run_tables(result, summary)
-    if ran is not None:
-        tables.requests["replica"] = served_by(ran)
-    return PolicyOutcome(summary, tables, replicas)
+        return PolicyOutcome(summary, replicas=replicas, verdict=verdict)
+    tables = RunTables(summary, table, steps, inter_token_latencies_ms(result.requests),
+                       result.num_blocks)
+    return PolicyOutcome(summary, tables, replicas, verdict)
 
 
 def run_tables(result: RunResult, summary: dict) -> RunTables:

@@ -50,7 +50,7 @@ from servelab.bench.client import BenchConfig, BenchRequest, bench_requests, run
 from servelab.serve.api import build_app
 from servelab.serve.engine_thread import EngineThread, EngineThreadConfig
 from servelab.serve.server import assemble, bind
-from servelab.serve.simulated import SimulatedBackend, filler_token_id
+from servelab.serve.simulated import SimulatedBackend, round_trip_token_ids
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenize_api import add_tokenize_routes
 from servelab.serve.tokenizer import ByteTokenizer
@@ -186,7 +186,7 @@ def start_server(stamps: Stamps) -> tuple[str, uvicorn.Server, EngineThread]:
     tokenizer = ByteTokenizer()
     config = SchedulerConfig(num_blocks=deployment.kv_pool.num_blocks,
                              max_model_len=deployment.max_model_len)
-    backend = SimulatedBackend(deployment.cost_model, filler_token_id(tokenizer))
+    backend = SimulatedBackend(deployment.cost_model, round_trip_token_ids(tokenizer))
     state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size,
                      ApiConfig("llama-3-8b", config.max_model_len), EngineThreadConfig())
     instrument_server(stamps, state.engine)

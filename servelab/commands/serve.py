@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from executor.loading import DEFAULT_KV_CACHE_GIB
 from servelab.model_args import add_model_args, load_model_from_args
+from servelab.serve.simulated import round_trip_token_ids
 from servelab.serve.tokenizer import Tokenizer
 from servelab.sim_args import (
     add_parallel_args,
@@ -20,10 +21,12 @@ from servelab.sim_args import (
     deployment_scheduler_config,
     scheduler_config,
 )
-from sim.deployment import DeploymentOptions, build_deployment
+from sim.cost.gpu_terms import coverage as gpu_coverage
+from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler import Scheduler
-from sim.engine.scheduler_config import DEFAULT_POLICY
+from sim.engine.scheduler_config import DEFAULT_POLICY, SchedulerConfig
+from sim.specs.engine_limits import ENGINE_DEFAULTS
 
 DEFAULT_SIMULATED_MODEL = DeploymentOptions.model  # `servelab simulate`'s default deployment
 
@@ -72,8 +75,9 @@ def _add_simulate_args(parser: argparse.ArgumentParser) -> None:
                             f"model (default {DEFAULT_SIMULATED_MODEL}: a preset, a shipped "
                             "Hugging Face id or a config.json), --dtype bf16 or fp16 (and "
                             "vLLM's spellings; auto: bf16); the KV pool and max length are the "
-                            "deployment's unless --num-blocks / --max-model-len. Every token "
-                            "is the tokenizer's 'x'")
+                            "deployment's unless --num-blocks / --max-model-len. Tokens are "
+                            "drawn by each request's seed from tokenizer ids whose text "
+                            "re-encodes to themselves")
     group.add_argument("--hardware", default=None,
                        help="a GPU preset (`servelab hardware`; default h100) or a GPU file")
     add_parallel_args(group, serve=True)
@@ -101,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         check_api_key(args.api_key)  # before minutes of loading a model, not after
     server = ServerConfig(args.host, args.port, args.drain_timeout_s, args.log_level)
     tokenizer = load_tokenizer(args.tokenizer)
-    parts = _simulated_parts(args, tokenizer) if args.simulate else _executor_parts(args)
+    parts = (_simulated_parts(args, tokenizer) if args.simulate
+             else _executor_parts(args, tokenizer))
     config = parts.scheduler.config
     api = ApiConfig(parts.name, config.max_model_len, args.api_key, args.max_body_bytes,
                     seed=args.seed)
@@ -110,15 +115,22 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
 
     def listening(url: str) -> None:
-        print(f"servelab serve: {parts.where}, {config.policy}, "
-              f"{config.num_blocks} KV blocks of {config.block_size}; listening on {url}",
-              file=sys.stderr, flush=True)
+        print(f"servelab serve: {parts.where}; {engine_figures(parts.scheduler)}; "
+              f"listening on {url}", file=sys.stderr, flush=True)
 
     serve_forever(state, server, listening, parts.http_cpus)
     return 0
 
 
-def _executor_parts(args: argparse.Namespace) -> _Parts:
+def engine_figures(scheduler: Scheduler) -> str:
+    """The limits the engine runs with, read from its scheduler (not from the flags)."""
+    config = scheduler.config
+    return (f"{config.policy}, {config.num_blocks} KV blocks of {config.block_size}, "
+            f"token budget {config.budget}, {config.max_num_seqs} seqs, "
+            f"max_model_len {config.max_model_len}")
+
+
+def _executor_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
     """The model on the executor: torch threads pinned, the build run on its own thread."""
     from executor.loading import configure_cpu_threads
     from servelab.serve.server import call_on_thread
@@ -136,8 +148,11 @@ def _executor_parts(args: argparse.Namespace) -> _Parts:
     # so it gets the thread count resolved here (counted there it would be 1).
     threads = configure_cpu_threads(args.threads)
     policy = args.policy or DEFAULT_POLICY
-    loaded, scheduler, backend = call_on_thread(lambda: _build(args, threads, policy))
     model = args.model or args.default_model
+    # Random weights (a preset) draw only ids whose text re-encodes to themselves, as the
+    # simulated backend does; a checkpoint's tokens are its own.
+    allowed = None if Path(model).is_dir() else round_trip_token_ids(tokenizer)
+    loaded, scheduler, backend = call_on_thread(lambda: _build(args, threads, policy, allowed))
     name = Path(model).name if Path(model).is_dir() else model
     return _Parts(scheduler, backend, loaded.vocab_size, name,
                   f"{name} on {loaded.device} ({loaded.threads} threads)", cpus)
@@ -145,7 +160,7 @@ def _executor_parts(args: argparse.Namespace) -> _Parts:
 
 def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
     """The scheduler on a cost model paced in wall-clock time; no torch, no weights."""
-    from servelab.serve.simulated import SimulatedBackend, filler_token_id
+    from servelab.serve.simulated import SimulatedBackend
 
     executor_only = [flag for flag, given in (
         ("--device", args.device != "auto"), ("--threads", args.threads is not None),
@@ -161,14 +176,28 @@ def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
         tensor_parallel=1))
     config = deployment_scheduler_config(args, args.policy, deployment)
     cost, where = deployment.cost_model, deployment.description
-    backend = SimulatedBackend(cost, filler_token_id(tokenizer))
+    backend = SimulatedBackend(cost, round_trip_token_ids(tokenizer))
     # The served id: --model, else what a calibration was measured on, else the preset.
     name = args.model or getattr(cost, "meta", {}).get("model") or DEFAULT_SIMULATED_MODEL
     return _Parts(Scheduler(config), backend, tokenizer.vocab_size, name,
-                  f"{name}, simulated {where}", None)
+                  f"{name}, simulated {_priced_at_budget(where, deployment, config)}", None)
 
 
-def _build(args: argparse.Namespace, threads: int, policy: str) -> tuple:
+def _priced_at_budget(description: str, deployment: Deployment, config: SchedulerConfig) -> str:
+    """The deployment's description with its fitted-data coverage stated for the steps this
+    engine takes (its token budget), not for the default budget the description assumed."""
+    hardware = deployment.hardware
+    if hardware is None:  # a calibration: no fitted-data coverage in the description
+        return description
+    model = deployment.model.name
+    # The description states coverage for 2048-token steps, the chunked default, whatever
+    # the budget; restate it for this engine's (a no-op once the two agree).
+    assumed = gpu_coverage(model, hardware.name, ENGINE_DEFAULTS.token_budget)
+    return description.replace(assumed, gpu_coverage(model, hardware.name, config.budget))
+
+
+def _build(args: argparse.Namespace, threads: int, policy: str,
+           allowed_token_ids: tuple[int, ...] | None) -> tuple:
     """The model, the scheduler and the backend (run off the main thread: call_on_thread);
     `threads` as resolved on the main thread."""
     from executor.backend import ModelBackend
@@ -179,4 +208,6 @@ def _build(args: argparse.Namespace, threads: int, policy: str) -> tuple:
                               loaded.max_model_len(args.max_model_len),
                               lambda gib: loaded.kv_blocks(args.block_size, gib))
     scheduler = Scheduler(config)
-    return loaded, scheduler, ModelBackend(loaded.model, scheduler.block_manager)
+    backend = ModelBackend(loaded.model, scheduler.block_manager,
+                           allowed_token_ids=allowed_token_ids)
+    return loaded, scheduler, backend

@@ -23,6 +23,7 @@ from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_
 from sim.deployment import build_deployment
 from sim.engine.scheduler_config import DEFAULT_POLICY
 from sim.policy_runs import PolicyOutcome, simulate_policies
+from sim.replay.overload import Overload
 from workloads import Trace
 
 
@@ -76,15 +77,12 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     outcomes = simulate_policies(trace, configs, backend, slo, args.out is not None,
                                   getattr(args, "workers", None), cluster, args.users,
                                   args.open_loop)
-    results = {p: outcomes[p].summary for p in policies}
+    results = {p: _with_verdict(outcomes[p]) for p in policies}
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
-    print(format_summaries(results))
-    classes = format_classes(results)
-    if classes:
-        print(f"\n{classes}")
+    _print_results(results, {p: outcomes[p].verdict for p in policies})
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
@@ -101,11 +99,51 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
             print(f"\n{policy}, per engine:")
             print(format_replicas(outcomes[policy].replicas))
     if args.out is not None:
-        _write_out(args.out, trace.name, outcomes)
+        _write_out(args.out, chart_title(trace, args.qps_scale, where), outcomes)
         write_json_atomic(args.out / "summary.json", payload)
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
+
+
+def _print_results(results: dict[str, dict], verdicts: dict[str, Overload | None]) -> None:
+    """The summary table, the overload verdicts, and the per-class tables if any."""
+    print(format_summaries(results))
+    for block in (format_verdicts(verdicts), format_classes(results)):
+        if block:
+            print(f"\n{block}")
+
+
+def _with_verdict(outcome: PolicyOutcome) -> dict:
+    """The summary, and under "verdict" the overload verdict (one engine's runs only)."""
+    if outcome.verdict is None:
+        return outcome.summary
+    return {**outcome.summary, "verdict": outcome.verdict.to_dict()}
+
+
+def format_verdicts(verdicts: dict[str, Overload | None]) -> str:
+    """One line per policy: kept up or not, how fast the queue grows, what bound it."""
+    return "\n".join(f"{policy}: {_verdict_line(v)}" for policy, v in verdicts.items()
+                     if v is not None)
+
+
+def _verdict_line(v: Overload) -> str:
+    falling = v.state == "falling behind"
+    if v.sustainable_rps is None:
+        sustainable = "no busy time"
+    else:  # a light run's small batches make it a lower bound
+        sustainable = (f"sustainable {'~' if falling else 'at least '}"
+                       f"{v.sustainable_rps:.2f} req/s, completed per busy second")
+    if v.binding == "none":
+        bound = "no request waited"
+    elif falling:
+        bound = f"bound by {v.binding} ({v.binding_share:.0%} of the steps that left " \
+                "requests waiting)"
+    else:
+        bound = f"requests left waiting after {v.waited_share:.0%} of steps, mostly by " \
+                f"{v.binding}"
+    return (f"{v.state}: the queue grows {v.queue_growth_rps:+.2f} req/s over the second "
+            f"half of arrivals (offered {v.offered_rps:.2f} req/s, {sustainable}); {bound}")
 
 
 def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
@@ -117,11 +155,18 @@ def _describe_arrivals(trace: Trace, args: argparse.Namespace) -> str:
     return "open loop"
 
 
-def _write_out(out_dir: Path, trace_name: str, outcomes: dict[str, PolicyOutcome]) -> None:
+def chart_title(trace: Trace, qps_scale: float, deployment: str) -> str:
+    """The run in a few words for chart titles: trace, its rate, model and GPU."""
+    scaled = f" x{qps_scale:g}" if qps_scale != 1 else ""
+    rate = f"{len(trace) / trace.span_s:.2f} req/s" if trace.span_s > 0 else "all at once"
+    return f"{trace.name}{scaled} at {rate}; {deployment.split('; ')[0]}"
+
+
+def _write_out(out_dir: Path, title: str, outcomes: dict[str, PolicyOutcome]) -> None:
     from servelab.reporting.charts.basic import write_run_outputs
 
     charts, tables = write_run_outputs({p: o.tables for p, o in outcomes.items()}, out_dir,
-                                       trace_name, {p: o.replicas for p, o in outcomes.items()})
+                                       title, {p: o.replicas for p, o in outcomes.items()})
     print(f"wrote {charts} charts and {tables} tables to {out_dir}")
 
 

@@ -19,6 +19,7 @@ from pydantic import Field
 from servelab.serve.completions import (
     Generation,
     check_model,
+    chunk_usage,
     collect,
     durable,
     event_stream,
@@ -153,15 +154,18 @@ def _chat_id(gen: Generation) -> str:
 
 
 def chat_chunk(chunk_id: str, created: int, model: str, delta: dict[str, str],
-               finish: str | None = None, token_ids: list[int] | None = None
-               ) -> dict[str, Any]:
-    """One chat.completion.chunk with one choice."""
+               finish: str | None = None, token_ids: list[int] | None = None,
+               usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One chat.completion.chunk with one choice (and the usage so far, if given)."""
     choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                               "finish_reason": finish}
     if token_ids is not None:
         choice["token_ids"] = token_ids
-    return {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
-            "model": model, "choices": [choice]}
+    chunk = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
+             "model": model, "choices": [choice]}
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
 
 
 async def _stream(state: ServeState, gen: Generation, body: ChatRequest
@@ -169,16 +173,17 @@ async def _stream(state: ServeState, gen: Generation, body: ChatRequest
     chunk_id, model, created = _chat_id(gen), state.config.model_name, int(time.time())
     with_ids = body.return_token_ids
     try:
-        yield sse(chat_chunk(chunk_id, created, model, {"role": "assistant", "content": ""}))
+        yield sse(chat_chunk(chunk_id, created, model, {"role": "assistant", "content": ""},
+                             usage=chunk_usage(gen, body)))
         async for piece in pieces(state, gen):
             if piece.text or (with_ids and piece.token_ids):
                 ids = piece.token_ids if with_ids else None
                 yield sse(chat_chunk(chunk_id, created, model, {"content": piece.text}, None,
-                                     ids))
+                                     ids, chunk_usage(gen, body)))
             if piece.finish is not None:
                 await durable(state, gen.sink)  # the last tokens went out before the commit
                 yield sse(chat_chunk(chunk_id, created, model, {}, piece.finish,
-                                     [] if with_ids else None))
+                                     [] if with_ids else None, chunk_usage(gen, body)))
         if body.include_usage:
             yield sse(usage_chunk(chunk_id, "chat.completion.chunk", created, model,
                                   usage_of(gen)))

@@ -257,12 +257,13 @@ async def _stream(state: ServeState, gen: Generation, body: CompletionRequest
         async for piece in pieces(state, gen):
             if piece.text or (with_ids and piece.token_ids):
                 ids = piece.token_ids if with_ids else None
-                yield sse(completion(rid, created, model, piece.text, None, ids))
+                yield sse(completion(rid, created, model, piece.text, None, ids,
+                                     chunk_usage(gen, body)))
             if piece.finish is not None:
                 await durable(state, gen.sink)  # the last tokens went out before the commit
                 # Without include_usage the usage rides the finish chunk (as before OpenAI's
                 # stream_options existed); with it, its own chunk with no choices.
-                last = None if body.include_usage else usage_of(gen)
+                last = chunk_usage(gen, body) if body.include_usage else usage_of(gen)
                 yield sse(completion(rid, created, model, "", piece.finish,
                                      [] if with_ids else None, last))
         if body.include_usage:
@@ -288,11 +289,16 @@ async def durable(state: ServeState, sink: TokenSink) -> None:
 
 
 def usage_of(gen: Generation) -> dict:
-    """The usage of a finished request."""
+    """The usage of a request: finished, or (mid-stream) so far."""
     # num_cached_tokens is written once, by the engine thread at the first admission, before
     # it posts any event of this request; the finish event read here came after it.
     request = gen.request
     return usage(request.prompt_len, gen.num_output, request.num_cached_tokens)
+
+
+def chunk_usage(gen: Generation, body: GenerationRequest) -> dict | None:
+    """The usage so far, for a chunk of a stream that asked for continuous_usage_stats."""
+    return usage_of(gen) if body.continuous_usage else None
 
 
 async def _abort_on_disconnect(state: ServeState, http: HttpRequest, request_id: str) -> None:

@@ -60,6 +60,8 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     include_usage: bool = False  # a last chunk with empty choices carries the usage
+    # vLLM's extension: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class GenerationRequest(BaseModel):
@@ -94,6 +96,11 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         """A stream ends with a chunk that carries only the usage."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every chunk carries the usage so far (vLLM: only together with include_usage)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(GenerationRequest):

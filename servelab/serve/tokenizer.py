@@ -24,7 +24,11 @@ class Tokenizer(Protocol):
     vocab_size: int  # ids the tokenizer can produce are in [0, vocab_size)
     eos_token_id: int | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of token ids, special tokens dropped."""
+        ...
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Prompt ids of {"role", "content"} messages, ready for the assistant's turn."""
@@ -46,8 +50,8 @@ class ByteTokenizer:
     vocab_size = 256 + BYTE_OFFSET
     eos_token_id: int | None = EOS_ID
 
-    def encode(self, text: str) -> list[int]:
-        """The UTF-8 bytes of text, shifted; no BOS is added."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:  # noqa: ARG002
+        """The UTF-8 bytes of text, shifted; no BOS is added either way."""
         return [b + BYTE_OFFSET for b in text.encode("utf-8")]
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -99,9 +103,10 @@ class HFTokenizer:
         self.eos_token_id = _eos_id(directory, self._tok)
         self._chat = _chat_tokenizer(directory)  # None: the directory has no chat template
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text, with the special tokens the tokenizer's post-processor adds."""
-        return self._tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text, with the special tokens the tokenizer's post-processor adds
+        (unless add_special_tokens is False)."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat template's prompt (else the plain one); ValueError if the template refuses."""

@@ -237,3 +237,16 @@ def request_overhead_s(backend: Backend) -> float:
 def row_knots(backend: Backend) -> tuple[int, ...]:
     """The backend's row knots (HasRowKnots)."""
     return backend.row_knots if isinstance(backend, HasRowKnots) else ()
+
+
+# Per-token seeds: a request's random stream depends only on its seed and the token index,
+# the same rule for the executor's sampler and the simulated server's draws.
+_MASK64 = (1 << 64) - 1
+
+
+def token_seed(seed: int, index: int) -> int:
+    """A well-mixed 63-bit seed for output token `index` of a request seeded `seed`."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xD1B54A32D192ED03) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64  # splitmix64 finalizer
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1

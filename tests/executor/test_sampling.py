@@ -117,3 +117,11 @@ def test_token_seeds_are_distinct_and_free_forgets_the_generator():
     assert "a" in sampler._generators
     sampler.free("a")
     assert "a" not in sampler._generators
+
+
+def test_allowed_token_ids_limit_greedy_and_random_draws():
+    allowed = [5, 9, 17]
+    sampler = Sampler(allowed_token_ids=allowed)
+    rows = [request(f"r{i}", seed=i, outputs=k, temperature=t)
+            for i, t in enumerate((0.0, 1.0, 1.0, 0.0)) for k in range(5)]
+    assert set(sampler.sample(random_logits(len(rows)), rows)) <= set(allowed)

@@ -1,6 +1,7 @@
 """Charts of a run per policy (`--out DIR`): TTFT and ITL CDFs,
-throughput and latency bars, and a timeline of batch size, queue, KV usage and step time.
-Reads finished result tables only; draws on `matplotlib.figure.Figure` (no pyplot state).
+throughput and latency bars, and a timeline (servelab/reporting/charts/timeline_chart.py).
+Each title says the finding first, then what is drawn and the run (`title`: trace, rate,
+model and GPU). Reads finished result tables only; draws on `matplotlib.figure.Figure`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,21 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogFormatter
 
+from servelab.reporting.charts.series import (
+    SeriesStyle,
+    extremes,
+    heading,
+    identical_to,
+    log_scale,
+    ms_text,
+    series_styles,
+    with_twin,
+)
+from servelab.reporting.charts.timeline_chart import timeline_chart
 from sim.policy_runs import RunTables
 
 CDF_BINS = 2000  # log-spaced bins per CDF curve: O(n) for millions of ITLs
-TIMELINE_BINS = 2000  # time bins of the timeline: bounds points per line
 DPI = 110
 _DONE = ("length", "stop")
 # (summary key, bar label) of the latency panel.
@@ -52,12 +62,12 @@ def write_charts(runs: dict[str, RunTables], out_dir: Path, title: str) -> list[
         raise ValueError("write_charts: no runs to plot")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    colors = {name: f"C{i % 10}" for i, name in enumerate(runs)}  # one colour per policy
+    styles = series_styles(list(runs))  # colour, dashes and marker per policy
     figures = {
-        "ttft_cdf.png": _ttft_cdf(runs, colors, title),
-        "itl_cdf.png": _itl_cdf(runs, colors, title),
-        "throughput_latency.png": _throughput_latency(runs, colors, title),
-        "timeline.png": _timeline(runs, colors, title),
+        "ttft_cdf.png": _ttft_cdf(runs, styles, title),
+        "itl_cdf.png": _itl_cdf(runs, styles, title),
+        "throughput_latency.png": _throughput_latency(runs, styles, title),
+        "timeline.png": timeline_chart(runs, styles, title),
     }
     paths = []
     for name, fig in figures.items():
@@ -67,8 +77,8 @@ def write_charts(runs: dict[str, RunTables], out_dir: Path, title: str) -> list[
     return paths
 
 
-def _heading(what: str, title: str) -> str:
-    return f"{what}\n{title}" if title else what
+def _summaries(runs: dict[str, RunTables], key: str) -> dict[str, float | None]:
+    return {name: run.summary.get(key) for name, run in runs.items()}
 
 
 def _positive(values: np.ndarray) -> np.ndarray:
@@ -90,70 +100,68 @@ def _cdf_points(values_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return 10.0**edges, np.concatenate(([0.0], np.cumsum(counts) / values_ms.size))
 
 
-def _log_scale(ax: Axes, which: str) -> None:
-    """Log-scale the x or y axis with plain labels (10, 200, 1,000): readable at any span.
-
-    Call it only once the axis shows data: an empty log axis cannot place ticks.
-    """
-    if which == "x":
-        ax.set_xscale("log")
-        axis = ax.xaxis
-    else:
-        ax.set_yscale("log")
-        axis = ax.yaxis
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-
-
-def _cdf_axes(fig: Figure, what: str, xlabel: str, title: str) -> Axes:
+def _cdf_axes(fig: Figure, heading_text: str, xlabel: str) -> Axes:
     ax = fig.add_subplot()
     ax.set_ylim(0.0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of values \u2264 x")
-    ax.set_title(_heading(what, title))
+    fig.suptitle(heading_text, fontsize=10)  # over the legend too: never clipped
     ax.grid(True, which="both", alpha=0.3)
     return ax
 
 
-def _ttft_cdf(runs: dict[str, RunTables], colors: dict[str, str], title: str) -> Figure:
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = _cdf_axes(fig, "TTFT CDF per policy (completed requests)", "TTFT (ms, log)", title)
-    drawn = False
+def _ttft_cdf(runs: dict[str, RunTables], styles: dict[str, SeriesStyle], title: str) -> Figure:
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    finding = extremes(_summaries(runs, "median_ttft_ms"), "median TTFT", ms_text, True)
+    ax = _cdf_axes(fig, heading(finding, "TTFT CDF per policy (completed requests)", title),
+                   "TTFT (ms, log)")
+    values = {}
     for name, run in runs.items():
         done = run.requests[run.requests["finish_reason"].isin(_DONE)]
-        ttft_ms = _positive(done["ttft_ms"].to_numpy())
+        values[name] = np.sort(_positive(done["ttft_ms"].to_numpy()))
+    twins = identical_to(values)
+    drawn = False
+    for name, ttft_ms in values.items():
+        style = styles[name]
         if ttft_ms.size == 0:
-            ax.plot([], [], color=colors[name], label=f"{name} (no completed requests)")
+            ax.plot([], [], color=style.color, label=f"{name} (no completed requests)")
             continue
         x, y = _cdf_points(ttft_ms)
-        ax.plot(x, y, color=colors[name], label=f"{name} (n={ttft_ms.size})")
+        ax.plot(x, y, label=with_twin(f"{name} (n={ttft_ms.size})", name, twins),
+                **style.line(x.size))
         drawn = True
     if drawn:
-        _log_scale(ax, "x")
+        log_scale(ax, "x")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides a curve
     return fig
 
 
-def _itl_cdf(runs: dict[str, RunTables], colors: dict[str, str], title: str) -> Figure:
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = _cdf_axes(fig, "ITL CDF per policy, p99 marked", "inter-token latency (ms, log)", title)
+def _itl_cdf(runs: dict[str, RunTables], styles: dict[str, SeriesStyle], title: str) -> Figure:
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    finding = extremes(_summaries(runs, "p99_itl_ms"), "p99 ITL", ms_text, True)
+    ax = _cdf_axes(fig, heading(finding, "ITL CDF per policy, p99 marked", title),
+                   "inter-token latency (ms, log)")
+    twins = identical_to({name: run.itl_ms for name, run in runs.items()})
     drawn = False
     for name, run in runs.items():
+        style = styles[name]
         itl_ms = _positive(run.itl_ms)
         if itl_ms.size == 0:
-            ax.plot([], [], color=colors[name], label=f"{name} (no token gaps)")
+            ax.plot([], [], color=style.color, label=f"{name} (no token gaps)")
             continue
         x, y = _cdf_points(itl_ms)
         p99_ms = run.summary.get("p99_itl_ms")  # the summary's number, as in the bars
         if p99_ms is None:
             p99_ms = float(np.percentile(itl_ms, 99))
-        ax.plot(x, y, color=colors[name], label=f"{name} (p99 {p99_ms:.3g} ms)")
-        ax.axvline(p99_ms, color=colors[name], linestyle="--", linewidth=1, alpha=0.8)
-        ax.plot([p99_ms], [0.99], "o", color=colors[name])
+        ax.plot(x, y, label=with_twin(f"{name} (p99 {p99_ms:.3g} ms)", name, twins),
+                **style.line(x.size))
+        ax.axvline(p99_ms, color=style.color, linestyle=style.linestyle, linewidth=1,
+                   alpha=0.6)
+        ax.plot([p99_ms], [0.99], style.marker, color=style.color)
         drawn = True
     if drawn:
         ax.axhline(0.99, color="black", linestyle=":", linewidth=0.8)
-        _log_scale(ax, "x")
+        log_scale(ax, "x")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides a curve
     return fig
 
@@ -169,12 +177,13 @@ def _ms_label(value_ms: float) -> str:
     return f"{value_ms:.0f}" if value_ms >= 10 else f"{value_ms:.2g}"
 
 
-def _throughput_latency(runs: dict[str, RunTables], colors: dict[str, str], title: str) -> Figure:
-    fig = Figure(figsize=(12, 5), layout="constrained")
+def _throughput_latency(runs: dict[str, RunTables], styles: dict[str, SeriesStyle],
+                        title: str) -> Figure:
+    fig = Figure(figsize=(12, 5.5), layout="constrained")
     tput_ax, lat_ax = fig.subplots(1, 2, width_ratios=(1, 2.2))
     names = list(runs)
     tput = [_summary_value(runs[n].summary, "output_throughput") for n in names]
-    bars = tput_ax.bar(names, np.nan_to_num(tput), color=[colors[n] for n in names])
+    bars = tput_ax.bar(names, np.nan_to_num(tput), color=[styles[n].color for n in names])
     tput_ax.bar_label(bars, fmt="%.0f", fontsize=8)
     tput_ax.set_ylabel("output throughput (tokens/s)")
     tput_ax.set_title("Output throughput")
@@ -184,108 +193,23 @@ def _throughput_latency(runs: dict[str, RunTables], colors: dict[str, str], titl
 
     width = 0.8 / len(names)
     groups = np.arange(len(_LATENCY_BARS))
+    heights = {name: np.array([_summary_value(runs[name].summary, key)
+                               for key, _ in _LATENCY_BARS]) for name in names}
+    twins = identical_to(heights)
     for i, name in enumerate(names):
-        heights = [_summary_value(runs[name].summary, key) for key, _ in _LATENCY_BARS]
-        bars = lat_ax.bar(
-            groups + (i - (len(names) - 1) / 2) * width,
-            heights,
-            width,
-            color=colors[name],
-            label=name,
-        )
+        bars = lat_ax.bar(groups + (i - (len(names) - 1) / 2) * width, heights[name], width,
+                          color=styles[name].color, label=with_twin(name, name, twins),
+                          hatch="//" if name in twins else None, edgecolor="white")
         lat_ax.bar_label(bars, fmt=_ms_label, fontsize=7, rotation=90, padding=2)
     lat_ax.set_xticks(groups, [label for _, label in _LATENCY_BARS])
     if any(np.isfinite(bar.get_height()) for bar in lat_ax.patches):
-        _log_scale(lat_ax, "y")
+        log_scale(lat_ax, "y")
     lat_ax.margins(y=0.25)
     lat_ax.set_ylabel("latency (ms, log)")
     lat_ax.set_title("Latency percentiles (completed requests)")
     lat_ax.grid(True, axis="y", which="both", alpha=0.3)
     lat_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(_heading("Throughput and latency per policy", title))
-    return fig
-
-
-def _binned(
-    start_s: np.ndarray,
-    columns: dict[str, np.ndarray],
-    edges_s: np.ndarray,
-    reducers: dict[str, str],
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Reduce each column per time bin (mean or max) over the steps starting in that bin.
-
-    Returns the centres of the non-empty bins (s) and one value per such bin and column;
-    O(num_steps) via ufunc.reduceat on the time-sorted steps.
-    """
-    order = np.argsort(start_s, kind="stable")
-    bins = np.clip(np.searchsorted(edges_s, start_s[order], side="right") - 1, 0, edges_s.size - 2)
-    firsts = np.flatnonzero(np.diff(bins, prepend=-1))  # first step of each non-empty bin
-    counts = np.diff(np.append(firsts, bins.size))
-    centres_s = (edges_s[bins[firsts]] + edges_s[bins[firsts] + 1]) / 2
-    out = {}
-    for key, values in columns.items():
-        values = values[order]
-        if reducers[key] == "max":
-            out[key] = np.maximum.reduceat(values, firsts)
-        else:
-            out[key] = np.add.reduceat(values, firsts) / counts
-    return centres_s, out
-
-
-_TIMELINE_PANELS = (  # (column, reducer, y label)
-    ("batch_size", "mean", "batch size (rows, mean)"),
-    ("num_waiting", "mean", "waiting queue (requests, mean)"),
-    ("kv_pct", "mean", "KV usage (% of blocks, mean)"),
-    ("step_ms", "max", "step time (ms, max)"),
-)
-
-
-def _timeline_columns(run: RunTables) -> dict[str, np.ndarray]:
-    steps = run.steps
-    return {
-        "batch_size": steps["batch_size"].to_numpy(dtype=float),
-        "num_waiting": steps["num_waiting"].to_numpy(dtype=float),
-        "kv_pct": steps["kv_blocks_used"].to_numpy(dtype=float) * 100.0 / run.num_blocks,
-        "step_ms": steps["duration_s"].to_numpy(dtype=float) * 1e3,
-    }
-
-
-def _time_edges_s(runs: dict[str, RunTables]) -> np.ndarray:
-    """TIMELINE_BINS + 1 bin edges (s) from the first step start to the last step end.
-
-    One grid for every policy, so the bins line up across lines.
-    """
-    busy = [run.steps for run in runs.values() if len(run.steps)]
-    t0_s = min(float(steps["start_s"].min()) for steps in busy)
-    t1_s = max(float((steps["start_s"] + steps["duration_s"]).max()) for steps in busy)
-    return np.linspace(t0_s, max(t1_s, t0_s + 1e-9), TIMELINE_BINS + 1)
-
-
-def _timeline(runs: dict[str, RunTables], colors: dict[str, str], title: str) -> Figure:
-    fig = Figure(figsize=(11, 10), layout="constrained")
-    axes = fig.subplots(len(_TIMELINE_PANELS), 1, sharex=True)
-    reducers = {column: reducer for column, reducer, _ in _TIMELINE_PANELS}
-    edges_s = _time_edges_s(runs) if any(len(run.steps) for run in runs.values()) else None
-    max_step_ms = 0.0
-    for name, run in runs.items():
-        if edges_s is None or not len(run.steps):
-            axes[0].plot([], [], color=colors[name], label=f"{name} (no steps)")
-            continue
-        start_s = run.steps["start_s"].to_numpy(dtype=float)
-        centres_s, binned = _binned(start_s, _timeline_columns(run), edges_s, reducers)
-        for ax, (column, _, _) in zip(axes, _TIMELINE_PANELS, strict=True):
-            label = name if ax is axes[0] else None
-            ax.plot(centres_s, binned[column], color=colors[name], linewidth=1, label=label)
-        max_step_ms = max(max_step_ms, float(binned["step_ms"].max()))
-    for ax, (_, _, ylabel) in zip(axes, _TIMELINE_PANELS, strict=True):
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-    axes[2].set_ylim(0, 105)
-    if max_step_ms > 0:
-        _log_scale(axes[3], "y")  # prefill spikes and decode steps differ by orders
-    axes[-1].set_xlabel("time (s)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper right", ncols=min(len(runs), 4))
-    heading = _heading(f"Scheduler state over time ({TIMELINE_BINS} time bins)", title)
-    fig.suptitle(heading, x=0.02, ha="left")
+    finding = extremes(_summaries(runs, "output_throughput"), "output throughput",
+                       lambda v: f"{v:,.0f} tok/s", low_is_best=False)
+    fig.suptitle(heading(finding, "Throughput and latency per policy", title), fontsize=11)
     return fig

@@ -8,7 +8,7 @@ import asyncio
 from servelab.bench.client import BenchConfig, bench_requests, run_bench, summarize_bench
 from servelab.serve.engine_thread import EngineThreadConfig
 from servelab.serve.server import ServerThread, assemble
-from servelab.serve.simulated import SimulatedBackend, filler_token_id
+from servelab.serve.simulated import SimulatedBackend, round_trip_token_ids
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.roofline import AnalyticCostModel
@@ -25,7 +25,7 @@ def simulated_server() -> ServerThread:
     config = SchedulerConfig(policy="continuous", num_blocks=1024, block_size=16,
                              max_model_len=1024, enable_prefix_caching=True)
     backend = SimulatedBackend(AnalyticCostModel.preset("llama-3-8b", "h200"),
-                               filler_token_id(tokenizer))
+                               round_trip_token_ids(tokenizer))
     state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size,
                      ApiConfig("llama-3-8b", 1024), EngineThreadConfig())
     return ServerThread(state)
@@ -39,11 +39,12 @@ def test_turns_carry_the_simulated_servers_answers_and_hit_its_prefix_cache():
         result = asyncio.run(run_bench(requests, BenchConfig(server.url, timeout_s=120)))
     assert result.errors == []
     by_id = {r.request_id: r for r in result.requests}
-    filler = filler_token_id(tokenizer)
+    pool = set(round_trip_token_ids(tokenizer))
     for session in set(trace.table["session_id"]):
         turns = [by_id[f"{session}-t{k}"] for k in range(3)]
         for before, after in zip(turns, turns[1:], strict=False):
-            assert before.output_token_ids == [filler] * 16
+            assert len(before.output_token_ids) == 16
+            assert set(before.output_token_ids) <= pool
             carried = before.prompt_token_ids + before.output_token_ids
             assert after.prompt_token_ids[:len(carried)] == carried
     summary = summarize_bench(result)

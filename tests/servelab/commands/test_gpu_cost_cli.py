@@ -45,7 +45,7 @@ def test_plan_names_its_cost_model_and_coverage(tmp_path, capsys):
 
 
 def test_fidelity_gpu_command_prints_both_tables(tmp_path, capsys):
-    assert main(["fidelity-gpu", "--out", str(tmp_path)]) == 0
+    assert main(["fidelity-gpu", "--out", str(tmp_path), "--silicon-rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "a100-80gb    2 decode" in out
     assert "RTXPRO6000/Qwen3-32B" in out and "LLMServingSim err" in out
@@ -62,7 +62,8 @@ def test_fidelity_gpu_replays_with_a_gpu_file_of_measured_all_reduces(tmp_path, 
                                                             "bus_bytes_s": 1.6e10}}}))
     tables = {}
     for name, extra in (("shipped", []), ("measured", ["--gpu-file", str(path)])):
-        assert main(["fidelity-gpu", "--out", str(tmp_path / name), *extra]) == 0
+        assert main(["fidelity-gpu", "--out", str(tmp_path / name), "--silicon-rounds", "1",
+                     *extra]) == 0
         capsys.readouterr()
         runs = json.loads((tmp_path / name / "gpu_fidelity.json").read_text())["runs"]
         tables[name] = {(r["run"], r["metric"]): r["ours"] for r in runs}

@@ -137,3 +137,23 @@ def test_concurrency_users_wait_for_their_answers_unless_open_loop(tmp_path, cap
     assert closed["p99_ttft_ms"] * 10 < opened["p99_ttft_ms"]
     assert users["max_batch_size"] == 4
     assert users["request_throughput"] == pytest.approx(closed["request_throughput"])
+
+
+def test_compare_prints_and_writes_the_overload_verdict_beside_every_key(tmp_path, capsys):
+    light = "synthetic:n=100,rate=1,prompt=fixed(200),output=fixed(50)"
+    heavy = "synthetic:n=300,rate=40,prompt=uniform(100,400),output=uniform(50,200)"
+    argv = ["--policies", "continuous,chunked", "--workers", "1"]
+    calm, _, out = run_json(tmp_path, capsys, "compare", "--trace", light, *argv,
+                            name="light.json")
+    assert "continuous: stable: the queue grows" in out
+    busy, _, out = run_json(tmp_path, capsys, "compare", "--trace", heavy, "--num-blocks",
+                            "400", *argv, name="heavy.json")
+    assert "continuous: falling behind" in out and "bound by KV blocks" in out
+    for result in (calm, busy):
+        for summary in result["results"].values():
+            assert set(SUMMARY_KEYS) <= set(summary)
+            assert set(summary["verdict"]) == {
+                "state", "queue_growth_rps", "offered_rps", "binding", "binding_share",
+                "waited_share", "sustainable_rps"}
+    assert busy["results"]["continuous"]["verdict"]["state"] == "falling behind"
+    assert calm["results"]["chunked"]["verdict"]["state"] == "stable"

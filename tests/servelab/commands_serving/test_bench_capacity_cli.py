@@ -12,7 +12,7 @@ import pytest
 from servelab.cli import main
 from servelab.serve.engine_thread import EngineThreadConfig
 from servelab.serve.server import ServerThread, assemble
-from servelab.serve.simulated import SimulatedBackend, filler_token_id
+from servelab.serve.simulated import SimulatedBackend, round_trip_token_ids
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.fixed_backend import ConstantBackend
@@ -26,7 +26,7 @@ def one_at_a_time_server() -> ServerThread:
     tokenizer = ByteTokenizer()
     config = SchedulerConfig(policy="continuous", num_blocks=64, block_size=16,
                              max_num_seqs=1, max_model_len=64)
-    backend = SimulatedBackend(ConstantBackend(step_s=0.010), filler_token_id(tokenizer))
+    backend = SimulatedBackend(ConstantBackend(step_s=0.010), round_trip_token_ids(tokenizer))
     state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size,
                      ApiConfig("sim", 64), EngineThreadConfig())
     return ServerThread(state)

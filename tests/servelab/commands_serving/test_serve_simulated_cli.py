@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.cli import main
+from servelab.cli import build_parser, main
+from servelab.commands.serve import _simulated_parts
+from servelab.serve.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -28,7 +30,7 @@ def get(url: str, body: dict | None = None) -> bytes:
 def test_serve_simulate_answers_without_weights_and_drains_on_sigterm():
     process = subprocess.Popen(
         [sys.executable, "-m", "servelab", "serve", "--simulate", "--hardware", "h200",
-         "--policy", "chunked", "--port", "0"],
+         "--policy", "chunked", "--max-num-batched-tokens", "4096", "--port", "0"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stderr.readline()
@@ -36,15 +38,18 @@ def test_serve_simulate_answers_without_weights_and_drains_on_sigterm():
         assert match, line
         url = match.group(1)
         assert "llama-3-8b, simulated llama-3-8b on h200 (bf16); priced by gpu-fitted" in line
-        assert "extrapolated from its datasheet" in line and ", chunked" in line
+        assert "extrapolated from its datasheet" in line and "; chunked" in line
+        # Every figure is the engine's: the budget given, not the default one.
+        assert "token budget 4096" in line
         models = json.loads(get(f"{url}/v1/models"))
         assert models["data"][0]["id"] == "llama-3-8b"
-        body = {"prompt": "hello", "max_tokens": 3}
-        assert json.loads(get(f"{url}/v1/completions", body))["choices"][0]["text"] == "xxx"
+        body = {"prompt": "hello", "max_tokens": 3, "seed": 7}
+        text = json.loads(get(f"{url}/v1/completions", body))["choices"][0]["text"]
+        assert len(ByteTokenizer().encode(text)) == 3
         events = get(f"{url}/v1/completions", {**body, "stream": True}).decode().split("\n\n")
         assert events[-2:] == ["data: [DONE]", ""]
         chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
-        assert "".join(c["choices"][0]["text"] for c in chunks) == "xxx"
+        assert "".join(c["choices"][0]["text"] for c in chunks) == text  # the seed decides
         assert b"vllm:num_requests_running" in get(f"{url}/metrics")
         assert "torch" not in get_modules(process)
     finally:
@@ -71,3 +76,13 @@ def get_modules(process: subprocess.Popen) -> str:
 def test_serve_simulate_rejects_flags_of_the_other_mode(argv, message, capsys):
     assert main(["serve", "--port", "0", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", [1024, 8192])
+def test_start_up_line_states_the_fitted_range_for_the_engines_own_budget(budget):
+    args = build_parser().parse_args(["serve", "--simulate", "--policy", "chunked",
+                                      "--max-num-batched-tokens", str(budget)])
+    parts = _simulated_parts(args, ByteTokenizer())
+    assert parts.scheduler.config.budget == budget
+    assert f"steps up to {budget} tokens" in parts.where  # h100: inside the fitted data
+    assert "steps up to 2048" not in parts.where

@@ -33,13 +33,15 @@ def start_server(model, *, policy: str = "continuous", num_blocks: int = 1024,
                  max_num_seqs: int = 256, api_key: str | None = None, max_waiting: int = 1024,
                  request_log: Path | None = None, max_body_bytes: int = 1 << 16,
                  wrap: Callable[[Backend], Backend] | None = None,
-                 enable_prefix_caching: bool = True) -> ServerThread:
+                 enable_prefix_caching: bool = True,
+                 allowed_token_ids: tuple[int, ...] | None = None) -> ServerThread:
     """A tiny-model server on a free 127.0.0.1 port (enter it to start)."""
     config = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=BLOCK_SIZE,
                              max_num_seqs=max_num_seqs, max_model_len=MAX_MODEL_LEN,
                              enable_prefix_caching=enable_prefix_caching)
     scheduler = Scheduler(config)
-    backend: Backend = ModelBackend(model, scheduler.block_manager)
+    backend: Backend = ModelBackend(model, scheduler.block_manager,
+                                    allowed_token_ids=allowed_token_ids)
     if wrap is not None:
         backend = wrap(backend)
     api = ApiConfig(MODEL, MAX_MODEL_LEN, api_key, max_body_bytes)

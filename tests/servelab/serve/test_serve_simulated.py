@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 from servelab.bench.client import BenchConfig, bench_requests, run_bench
 from servelab.serve.engine_thread import EngineThreadConfig
 from servelab.serve.server import ServerThread, assemble
-from servelab.serve.simulated import SimulatedBackend, filler_token_id, sampled_token_ids
+from servelab.serve.simulated import SimulatedBackend, round_trip_token_ids, sampled_token_ids
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.fixed_backend import ConstantBackend
@@ -23,7 +24,7 @@ from sim.engine.step import Engine
 from tests.servelab.serve.helpers import HANG_S
 from workloads import open_trace
 
-TOKEN = 123  # any id: the backend samples whatever it is given
+TOKEN = 123  # any id: a pool of one, so the backend samples it every time
 STEP_S, PER_TOKEN_S = 0.010, 0.001
 
 
@@ -60,7 +61,7 @@ def engine_on(fake: FakeClock, spent_s: float = 0.0, **config) -> Engine:
     scheduler = Scheduler(SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256,
                                           **config))
     pricing = SlowPricing(fake=fake, spent_s=spent_s)
-    backend = SimulatedBackend(pricing, TOKEN, fake.sleep, fake.clock)
+    backend = SimulatedBackend(pricing, (TOKEN,), fake.sleep, fake.clock)
     return Engine(scheduler, backend)
 
 
@@ -169,14 +170,7 @@ def test_padding_rows_sample_nothing():
     step(engine, fake)  # both prefill; a is done and becomes padding
     plan = engine.schedule(fake.now_s)
     assert [r.request_id for r in plan.padding] == ["a"]
-    assert sampled_token_ids(plan, TOKEN) == {"b": TOKEN}
-
-
-def test_filler_token_is_a_printable_x_of_the_byte_tokenizer():
-    tokenizer = ByteTokenizer()
-    token = filler_token_id(tokenizer)
-    assert tokenizer.decode([token] * 3) == "xxx"
-    assert token != tokenizer.eos_token_id
+    assert sampled_token_ids(plan, (TOKEN,)) == {"b": TOKEN}
 
 
 def simulated_server(num_blocks: int = 2048, max_model_len: int = 1024) -> ServerThread:
@@ -185,7 +179,7 @@ def simulated_server(num_blocks: int = 2048, max_model_len: int = 1024) -> Serve
     config = SchedulerConfig(policy="continuous", num_blocks=num_blocks, block_size=16,
                              max_model_len=max_model_len)
     backend = SimulatedBackend(AnalyticCostModel.preset("llama-3-8b", "h200"),
-                               filler_token_id(tokenizer))
+                               round_trip_token_ids(tokenizer))
     api = ApiConfig("llama-3-8b", max_model_len)
     state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size, api,
                      EngineThreadConfig())
@@ -207,5 +201,31 @@ def test_simulated_server_completes_a_replayed_trace():
         assert record.finish_reason is FinishReason.LENGTH
         assert len(record.token_times_s) == sent.max_tokens
     assert [card["id"] for card in models["data"]] == ["llama-3-8b"]
-    assert plain["choices"][0]["text"] == "xxxx"
+    text = plain["choices"][0]["text"]
+    assert len(ByteTokenizer().encode(text)) == plain["usage"]["completion_tokens"] == 4
     assert metrics.status_code == 200 and "vllm:request_success_total" in metrics.text
+
+
+def stream_chunks(url: str, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed answer ([DONE] checked and dropped)."""
+    events = httpx.post(f"{url}{path}", json={**body, "stream": True}, trust_env=False,
+                        timeout=HANG_S).text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    return [json.loads(event.removeprefix("data: ")) for event in events[:-2]]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(path, body):
+    body = {**body, "max_tokens": 6, "seed": 3,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with simulated_server() as server:
+        chunks = stream_chunks(server.url, path, body)
+        plain = stream_chunks(server.url, path, {**body, "stream_options": None})
+    assert all("usage" in chunk for chunk in chunks)  # as vLLM, which GuideLLM reads
+    counts = [chunk["usage"]["completion_tokens"] for chunk in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 6
+    assert "usage" not in plain[0]  # without stream_options only the finish chunk has it
