@@ -1,4 +1,5 @@
-"""The deployment prices with vLLM's measured kernels where the GPU has tables."""
+"""`--cost auto` prices with vLLM's measured kernels where the GPU has tables; the fitted model
+stays the default."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from sim.cost.kernel_cost import KernelCostModel
 from sim.deployment import DeploymentOptions, build_deployment
 
 
+def test_the_default_is_the_fitted_model():
+    deployment = build_deployment(DeploymentOptions())
+    assert type(deployment.cost_model) is GpuCostModel and deployment.vllm_version is None
+    assert "priced by gpu-fitted" in deployment.description
+
+
 @pytest.mark.parametrize("gpu", ["h100", "b200", "l40s"])
-def test_the_default_prices_with_the_newest_measured_kernels(gpu):
-    deployment = build_deployment(DeploymentOptions(hardware=gpu))
+def test_auto_prices_with_the_newest_measured_kernels(gpu):
+    deployment = build_deployment(DeploymentOptions(hardware=gpu, cost="auto"))
     assert isinstance(deployment.cost_model, KernelCostModel)
     assert deployment.vllm_version == "0.24.0" == deployment.to_dict()["vllm_version"]
     assert f"priced by vllm-kernels: vLLM 0.24.0 kernel tables measured on {gpu}" in (
@@ -20,28 +27,29 @@ def test_the_default_prices_with_the_newest_measured_kernels(gpu):
 
 
 def test_a_gpu_without_tables_falls_back_to_the_fitted_model_and_says_so():
-    deployment = build_deployment(DeploymentOptions(hardware="rtx-4090"))
+    deployment = build_deployment(DeploymentOptions(hardware="rtx-4090", cost="auto"))
     assert type(deployment.cost_model) is GpuCostModel and deployment.vllm_version is None
     assert "priced by gpu-fitted: no measured vLLM kernels" in deployment.description
     assert "extrapolated from the datasheet" in deployment.description
 
 
 def test_latent_attention_falls_back_naming_why():
-    deployment = build_deployment(DeploymentOptions(model="deepseek-ai/DeepSeek-V2-Lite"))
+    deployment = build_deployment(DeploymentOptions(model="deepseek-ai/DeepSeek-V2-Lite",
+                                                    cost="auto"))
     assert type(deployment.cost_model) is GpuCostModel
     assert "latent attention (MLA)" in deployment.description
 
 
 def test_an_older_vllm_version_prices_with_its_own_tables():
-    old = build_deployment(DeploymentOptions(vllm_version="0.19.0"))
+    old = build_deployment(DeploymentOptions(vllm_version="0.19.0", cost="auto"))
     assert old.vllm_version == "0.19.0" and "vLLM 0.19.0" in old.description
-    reused = build_deployment(DeploymentOptions(vllm_version="0.22.0"))
+    reused = build_deployment(DeploymentOptions(vllm_version="0.22.0", cost="auto"))
     assert "0.24.0's, which upstream reuses for 0.22.0" in reused.description
 
 
 def test_version_and_cost_choices_are_checked_by_name():
     with pytest.raises(ValueError, match="h100 has kernel tables for vLLM 0.14.0"):
-        build_deployment(DeploymentOptions(vllm_version="0.20.0"))
+        build_deployment(DeploymentOptions(vllm_version="0.20.0", cost="auto"))
     with pytest.raises(ValueError, match="--cost gpu has none"):
         build_deployment(DeploymentOptions(cost="gpu", vllm_version="0.24.0"))
     with pytest.raises(ValueError, match="--cost kernels: no vLLM kernel tables for GPU"):
@@ -51,8 +59,8 @@ def test_version_and_cost_choices_are_checked_by_name():
 
 def test_tensor_parallel_and_moe_deployments_price_from_tables():
     tp4 = build_deployment(DeploymentOptions(model="meta-llama/Llama-3.1-70B",
-                                             tensor_parallel=4)).cost_model
-    moe = build_deployment(DeploymentOptions(model="Qwen/Qwen3-30B-A3B")).cost_model
+                                             tensor_parallel=4, cost="kernels")).cost_model
+    moe = build_deployment(DeploymentOptions(model="Qwen/Qwen3-30B-A3B", cost="kernels")).cost_model
     assert isinstance(tp4, KernelCostModel) and isinstance(moe, KernelCostModel)
     assert tp4.describe() == tp4.tables.describe()  # every shape measured, no neighbour
     assert moe.mlp_s(64) > moe.mlp_s(1)

@@ -62,7 +62,8 @@ def test_an_fp8_deployment_fits_where_16_bit_weights_do_not_and_says_so() -> Non
                                 hardware="h100", tensor_parallel=2, expert_parallel=True)
     with pytest.raises(ValueError, match=r"\(bf16\) does not fit on h100 x 2"):
         build_deployment(options)
-    fp8 = build_deployment(DeploymentOptions(**{**options.__dict__, "quantization": "fp8"}))
+    fp8 = build_deployment(DeploymentOptions(**{**options.__dict__, "quantization": "fp8",
+                                                "cost": "kernels"}))
     # vLLM's fp8 kernels are measured on the H100; the fitted model extrapolates to them.
     assert "(bf16, fp8 weights)" in fp8.description and "vllm-kernels" in fp8.description
     fitted = build_deployment(DeploymentOptions(**{**options.__dict__, "quantization": "fp8",
