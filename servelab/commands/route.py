@@ -94,9 +94,9 @@ def _add_retry_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--retry-budget-ratio", type=float, default=0.2,
                        help="retries allowed per request received in the last 10 s "
                        "(default 0.2)")
-    group.add_argument("--retry-budget-min", type=int, default=3,
+    group.add_argument("--retry-budget-min", type=int, default=10,
                        help="retries allowed in the last 10 s however few requests came "
-                       "(default 3)")
+                       "(default 10)")
 
 
 def run(args: argparse.Namespace) -> int:

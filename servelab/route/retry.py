@@ -26,7 +26,7 @@ class RetryConfig:
     assumed_tpot_s: float = 0.1  # an upstream's TPOT until its /metrics shows one
     request_timeout_s: float = 600.0  # the client's total budget, every try included
     budget_ratio: float = 0.2  # retries allowed per request received within the window
-    budget_min: int = 3  # retries allowed within the window however few requests came
+    budget_min: int = 10  # retries allowed within the window however few requests came
     budget_window_s: float = 10.0  # what "recent" means for the retry budget
 
     def __post_init__(self) -> None:
