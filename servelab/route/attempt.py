@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -55,6 +56,7 @@ class Try:
     kv_tokens: int  # the load estimate the upstream carries while the try is in flight
     deadline: float  # on the state's clock: the answer (or a stream's first event) by then
     limit_s: float  # the deadline, counted from the try's start (for messages)
+    can_move: Callable[[], bool]  # whether another upstream could take the request now
 
 
 async def attempt(state: RouteState, http: HttpRequest, t: Try) -> Answer | Failure | None:
@@ -64,10 +66,19 @@ async def attempt(state: RouteState, http: HttpRequest, t: Try) -> Answer | Fail
     ejected = asyncio.Event()
     upstream.unanswered.add(ejected)
     exchange = asyncio.ensure_future(_exchange(state.session, t, ticket))
-    others = [asyncio.ensure_future(_disconnected(http)), asyncio.ensure_future(ejected.wait()),
+    gone = asyncio.ensure_future(_disconnected(http))
+    others = [gone, asyncio.ensure_future(ejected.wait()),
               asyncio.ensure_future(sleep_until(state.clock, t.deadline, state.clock_step_s))]
     try:
-        await asyncio.wait((exchange, *others), return_when=asyncio.FIRST_COMPLETED)
+        waiting = {exchange, *others}
+        while True:
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            # An ejection with nowhere else to go: the try waits on (its deadline still holds).
+            if done != {others[1]} or t.can_move():
+                break
+    except BaseException:
+        upstream.end(ticket)
+        raise
     finally:
         upstream.unanswered.discard(ejected)
         for task in others:
@@ -75,10 +86,10 @@ async def attempt(state: RouteState, http: HttpRequest, t: Try) -> Answer | Fail
         if not exchange.done():
             exchange.cancel()  # closes the upstream connection (see _exchange)
     outcome = _outcome(exchange, t) if exchange.done() and not exchange.cancelled() else None
-    if outcome is None and not others[0].done():
-        outcome = Failure("ejected", f"upstream {upstream.url} was ejected") if ejected.is_set() \
-            else Failure("timeout", f"upstream {upstream.url} sent no answer within "
-                         f"{t.limit_s:.3g} s")
+    if outcome is None and not gone.done():
+        outcome = Failure("timeout", f"upstream {upstream.url} sent no answer within "
+                          f"{t.limit_s:.3g} s") if others[2].done() \
+            else Failure("ejected", f"upstream {upstream.url} was ejected")
     if not isinstance(outcome, Answer):
         upstream.end(ticket)
     return outcome

@@ -134,7 +134,8 @@ async def _send(state: RouteState, http: HttpRequest, req: Routed) -> Response:
     upstream = pick_upstream(state, req.blocks)
     while upstream is not None:
         tried.append(upstream)
-        t = _try(state, req, upstream, until)
+        retries_left = state.config.retry.retries - sum(k != "connect" for k in kinds)
+        t = _try(state, req, upstream, until, tried, retries_left)
         outcome = await attempt(state, http, t)
         if outcome is None:
             return client_gone()
@@ -150,7 +151,7 @@ async def _send(state: RouteState, http: HttpRequest, req: Routed) -> Response:
             kinds.append(outcome.kind)
         nxt, denied = _next_upstream(state, req, tried, kinds, until)
         if nxt is None:
-            return _give_up(state, upstream, outcome, kinds, denied)
+            return _give_up(state, upstream, outcome, kinds, denied, until)
         if isinstance(outcome, Answer):
             discard(upstream, outcome)
         state.metrics.retries.labels(upstream.url, kinds[-1]).inc()
@@ -158,7 +159,8 @@ async def _send(state: RouteState, http: HttpRequest, req: Routed) -> Response:
     raise bad_gateway("no upstream to send the request to")
 
 
-def _try(state: RouteState, req: Routed, upstream: Upstream, until: float) -> Try:
+def _try(state: RouteState, req: Routed, upstream: Upstream, until: float,
+         tried: list[Upstream], retries_left: int) -> Try:
     """The next try at `upstream`: its deadline follows max_tokens and the upstream's TPOT
     (a stream's first event also within first_byte_timeout_s), within the total budget."""
     cfg = state.config
@@ -166,8 +168,14 @@ def _try(state: RouteState, req: Routed, upstream: Upstream, until: float) -> Tr
     if req.streamed:
         limit_s = min(limit_s, cfg.first_byte_timeout_s)
     deadline = min(state.clock() + limit_s, until)
+
+    def can_move() -> bool:  # a retry left, and an upstream in rotation not tried yet
+        now = state.clock()
+        return retries_left > 0 and any(u.routable(now) for u in state.upstreams
+                                        if u is not upstream and u not in tried)
+
     return Try(upstream, f"{upstream.url}{req.path}", req.raw, req.headers, req.streamed,
-               req.kv_tokens, deadline, min(limit_s, until - state.clock()))
+               req.kv_tokens, deadline, min(limit_s, until - state.clock()), can_move)
 
 
 def _next_upstream(state: RouteState, req: Routed, tried: list[Upstream], kinds: list[str],
@@ -196,10 +204,10 @@ _DENIED = {"deadline": "the request's time budget is spent", "retries": "no retr
 
 
 def _give_up(state: RouteState, upstream: Upstream, outcome: Answer | Failure,
-             kinds: list[str], denied: str) -> Response:
+             kinds: list[str], denied: str, until: float) -> Response:
     """The last try's answer (a 5xx passes through as the upstream sent it), or its error."""
     if isinstance(outcome, Answer):
-        return relay(state, upstream, outcome, state.clock())
+        return relay(state, upstream, outcome, until)
     message = f"{outcome.message} (after {len(kinds)} tries; {_DENIED[denied]})"
     if set(kinds) == {"connect"}:
         raise bad_gateway(f"no upstream accepted the connection: {message}")

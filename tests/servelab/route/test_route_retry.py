@@ -247,3 +247,16 @@ def test_the_retry_budget_is_a_share_of_recent_requests_with_a_minimum():
 def test_retry_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError, match="route"):
         RetryConfig(**kwargs)
+
+
+def test_an_ejection_with_nowhere_else_to_go_lets_the_request_wait_on(pool):
+    clock = FakeClock()
+    with FakeUpstream("b") as b, retry_router([b.url], clock, checks=True) as r:
+        b.gate.clear()
+        answer = pool.submit(post, r.url, {"prompt": "hi"})
+        wait_until(lambda: in_flight(r, 0) == 1, "the request reached b")
+        b.healthy = False
+        wait_until(lambda: r.state.upstreams[0].health.ejected_until is not None, "b ejected")
+        b.gate.set()
+        response = answer.result(HANG_S)
+    assert response.status_code == 200 and response.json()["model"] == "b"
