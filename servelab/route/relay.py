@@ -85,7 +85,9 @@ class _EventRelay(StreamingResponse):
         state = self._state
         while (left_s := self._until - state.clock()) > 0:
             try:
-                return await asyncio.wait_for(content.readany(), min(left_s, state.clock_step_s))
+                # A timer, not wait_for's task per read: a stream reads once per token.
+                async with asyncio.timeout(min(left_s, state.clock_step_s)):
+                    return await content.readany()
             except asyncio.TimeoutError as exc:
                 if isinstance(exc, aiohttp.ClientError):  # the upstream's silence: read timeout
                     raise
