@@ -182,6 +182,7 @@ class Tally:
 
     sent: int = 0
     completed: int = 0
+    completed_streamed: int = 0  # of those, streams (the odd requests)
     failed_before: int = 0  # a clear error (OpenAI error object) before any token
     failed_mid_stream: int = 0  # an error event, then [DONE], after tokens
     lost: int = 0  # no answer, no error: a broken connection, a stream without [DONE]
@@ -212,6 +213,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, i: int, max_toke
     if verdict != "completed" and len(tally.errors) < 8:
         tally.errors.add(f"{verdict}: {raw[-300:].decode(errors='replace')}")
     setattr(tally, verdict, getattr(tally, verdict) + 1)
+    tally.completed_streamed += verdict == "completed" and streamed
 
 
 def judge(status: int, raw: bytes, streamed: bool) -> str:
@@ -314,7 +316,8 @@ async def run_fault(fault: str, rig: Rig, args: argparse.Namespace) -> dict:
         await heal(fault, rig, state["resuming"])
         retried = await router_sum(session, rig.url, "servelab_router_retries_total{")
         await until_all_healthy(session, rig.url, 120.0)
-    return {"fault": fault, "sent": tally.sent, "completed": tally.completed,
+    completed = f"{tally.completed - tally.completed_streamed}+{tally.completed_streamed}"
+    return {"fault": fault, "sent": tally.sent, "completed": completed,
             "retried": int(retried - retried_before), "failed_before": tally.failed_before,
             "failed_mid_stream": tally.failed_mid_stream, "lost": tally.lost,
             "duplicates": tally.duplicates, "hung": tally.hung,
@@ -338,6 +341,7 @@ async def start_rig(kinds: list[str], args: argparse.Namespace, out: Path) -> Ri
     return Rig(upstreams, proxy, router, f"http://127.0.0.1:{port}")
 
 
+# completed: "plain+streamed" (sent: half each, the odd ones streamed)
 COLUMNS = ("fault", "sent", "completed", "retried", "failed_before", "failed_mid_stream",
            "lost", "duplicates", "hung", "max_latency_s", "router_rss_mib")
 
