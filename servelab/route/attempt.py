@@ -76,7 +76,9 @@ async def attempt(state: RouteState, http: HttpRequest, t: Try) -> Answer | Fail
             # An ejection with nowhere else to go: the try waits on (its deadline still holds).
             if done != {others[1]} or t.can_move():
                 break
-    except BaseException:
+    except BaseException:  # the handler is cancelled (the router is stopping)
+        if exchange.done() and not exchange.cancelled() and exchange.exception() is None:
+            exchange.result().response.close()
         upstream.end(ticket)
         raise
     finally:
