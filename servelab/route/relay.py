@@ -17,6 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from servelab.route.attempt import TRANSPORT_ERRORS, Answer, events_end
+from servelab.route.retry import sleep_until
 from servelab.route.upstreams import Upstream, request_failed
 from servelab.serve.protocol import SSE_DONE, ApiError, error_body, sse
 
@@ -65,8 +66,10 @@ class _EventRelay(StreamingResponse):
         yield answer.head[:end]  # at least one event: attempt() waited for it
         pending, done_sent = answer.head[end:], answer.head[:end].rstrip().endswith(SSE_DONE_LINE)
         content = answer.response.content
+        # One timer for the stream, not one per read: a stream reads once per token.
+        watchdog = asyncio.ensure_future(self._spend_budget(content))
         try:
-            while data := await self._read(content):
+            while data := await content.readany():
                 pending += data
                 end = events_end(pending)
                 if end:
@@ -75,23 +78,16 @@ class _EventRelay(StreamingResponse):
                     pending = pending[end:]
             if pending:  # ended cleanly inside an event: the upstream's own choice
                 yield pending
-        except TRANSPORT_ERRORS as exc:  # the status is sent: report it in-stream
+        except (*TRANSPORT_ERRORS, BudgetSpent) as exc:  # the status is sent: say it in-stream
             if not done_sent:
-                yield _stream_error(state, self._upstream, exc, self._until)
+                yield _stream_error(state, self._upstream, exc)
+        finally:
+            watchdog.cancel()
 
-    async def _read(self, content: aiohttp.StreamReader) -> bytes:
-        """The next data, or TimeoutError once the request's total budget is spent (looked
-        at every clock step; an unfinished read is cancelled without losing data)."""
-        state = self._state
-        while (left_s := self._until - state.clock()) > 0:
-            try:
-                # A timer, not wait_for's task per read: a stream reads once per token.
-                async with asyncio.timeout(min(left_s, state.clock_step_s)):
-                    return await content.readany()
-            except asyncio.TimeoutError as exc:
-                if isinstance(exc, aiohttp.ClientError):  # the upstream's silence: read timeout
-                    raise
-        raise asyncio.TimeoutError
+    async def _spend_budget(self, content: aiohttp.StreamReader) -> None:
+        """At the end of the request's budget, fail the read under way (or the next)."""
+        await sleep_until(self._state.clock, self._until, self._state.clock_step_s)
+        content.set_exception(BudgetSpent("the request's time budget ran out mid-stream"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -102,12 +98,15 @@ class _EventRelay(StreamingResponse):
             self._upstream.end(self._answer.ticket)
 
 
-def _stream_error(state: RouteState, upstream: Upstream, exc: Exception, until: float) -> bytes:
+class BudgetSpent(Exception):
+    """The request's total budget ran out while its stream was being relayed."""
+
+
+def _stream_error(state: RouteState, upstream: Upstream, exc: Exception) -> bytes:
     """The error event and [DONE] that end a stream broken off after its first event (such
     a stream is never replayed: the client has its first tokens)."""
-    if isinstance(exc, asyncio.TimeoutError) and state.clock() >= until:
-        message = "the request's time budget ran out mid-stream"
-        code = "gateway_timeout"
+    if isinstance(exc, BudgetSpent):
+        message, code = str(exc), "gateway_timeout"
     else:
         request_failed(upstream, state.metrics, state.clock(), "transport",
                        str(exc) or type(exc).__name__)
