@@ -208,7 +208,8 @@ def _give_up(state: RouteState, upstream: Upstream, outcome: Answer | Failure,
     """The last try's answer (a 5xx passes through as the upstream sent it), or its error."""
     if isinstance(outcome, Answer):
         return relay(state, upstream, outcome, until)
-    message = f"{outcome.message} (after {len(kinds)} tries; {_DENIED[denied]})"
+    tries = f"{len(kinds)} tries" if len(kinds) > 1 else "1 try"
+    message = f"{outcome.message} (after {tries}; {_DENIED[denied]})"
     if set(kinds) == {"connect"}:
         raise bad_gateway(f"no upstream accepted the connection: {message}")
     if outcome.kind == "timeout":
