@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import struct
 import threading
 import time
 
@@ -161,10 +162,7 @@ class DyingUpstream:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         if head.startswith(b"GET"):
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-            await writer.drain()
-            writer.close()
-            return
+            return await self._handle_get(writer)
         length = re.search(rb"(?i)content-length: *(\d+)", head)
         await reader.readexactly(int(length[1]) if length else 0)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -174,6 +172,11 @@ class DyingUpstream:
         self.streams += 1
         await self._died.wait()
         writer.transport.abort()  # a reset, no end of the chunked body
+
+    async def _handle_get(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
 
     def kill(self) -> None:
         """Stop listening and reset every open connection."""
@@ -191,6 +194,22 @@ class DyingUpstream:
         self.kill()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+class ResettingUpstream(DyingUpstream):
+    """A server that resets every completion's connection once the request is in, before
+    any byte of an answer (GETs are answered {}, so /health passes)."""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET"):
+            return await super()._handle_get(writer)
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length[1]) if length else 0)
+        self.streams += 1
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # an RST: the connection reset by peer
 
 
 def _chunk(data: bytes) -> bytes:

@@ -17,7 +17,12 @@ from servelab.route.health import HealthConfig
 from servelab.route.retry import RetryBudget, RetryConfig
 from servelab.route.upstreams import Upstream, parse_reading
 from sim.cluster.router import RouterConfig
-from tests.servelab.route.route_fakes import DyingUpstream, FakeClock, FakeUpstream
+from tests.servelab.route.route_fakes import (
+    DyingUpstream,
+    FakeClock,
+    FakeUpstream,
+    ResettingUpstream,
+)
 from tests.servelab.route.test_route import post, router_metric
 from tests.servelab.serve.helpers import HANG_S, wait_until
 
@@ -124,6 +129,20 @@ def test_a_5xx_or_garbage_answer_is_retried_on_the_next_upstream(sickness, reaso
         retried = router_metric(r.url, "servelab_router_retries_total", upstream=a.url,
                                 reason=reason)
     assert response.status_code == 200 and response.json()["model"] == "b" and retried == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_connection_reset_before_any_byte_is_retried_on_the_next_upstream(stream):
+    with ResettingUpstream() as resetting, FakeUpstream("b") as b, \
+            retry_router([resetting.url, b.url], FakeClock()) as r:
+        if stream:
+            status, lines = stream_lines(r.url, {"prompt": "hi", "max_tokens": 1})
+            assert (status, lines[0]) == (200, 'data: {"model": "b", "chunk": 0}')
+        else:
+            assert post(r.url, {"prompt": "hi"}).json()["model"] == "b"
+        retried = router_metric(r.url, "servelab_router_retries_total", upstream=resetting.url,
+                                reason="transport")
+    assert resetting.streams == 1 and retried == 1 and len(b.bodies) == 1
 
 
 def test_when_no_upstream_is_left_the_last_5xx_passes_through():
