@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from sim.cluster.router import ROUTERS
+
+if TYPE_CHECKING:
+    from servelab.route.retry import RetryConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,8 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "by the simulator's router from each upstream's /metrics (polled) and the router's own "
         "in-flight counts; bodies pass unchanged, streams chunk by chunk. GET /v1/models comes "
         "from the first upstream that answers; /health and /metrics are the router's own. An "
-        "upstream that fails requests or health checks is ejected for a growing back-off. "
-        "docs/route.md describes the health rules and the prefix-aware router's index.",
+        "upstream that fails requests or health checks is ejected for a growing back-off; a "
+        "request whose client has received nothing yet goes to another upstream when its try "
+        "fails, outlives its deadline or its upstream is ejected. "
+        "docs/route.md describes the health and retry rules and the prefix-aware router's "
+        "index.",
     )
     parser.add_argument("--upstream", required=True, metavar="URL1,URL2,...",
                         help="comma-separated base URLs, e.g. http://127.0.0.1:8001")
@@ -36,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="after SIGTERM, open responses get this long (default 30)")
     parser.add_argument("--log-level", default="warning", help="log level (default warning)")
     _add_health_args(parser)
+    _add_retry_args(parser)
     parser.set_defaults(func=run)
 
 
@@ -46,9 +54,8 @@ def _add_health_args(parser: argparse.ArgumentParser) -> None:
                        help="a connection not made by then counts as refused: the request "
                        "goes to another upstream (default 5)")
     group.add_argument("--first-byte-timeout-s", type=float, default=60.0,
-                       help="from sending a streamed request to the upstream's response "
-                       "headers, connecting included; a non-streamed answer's come when it is "
-                       "complete, bounded by --read-timeout-s (default 60)")
+                       help="from sending a streamed request to its first event, connecting "
+                       "included, on top of the per-try deadline (default 60)")
     group.add_argument("--read-timeout-s", type=float, default=600.0,
                        help="longest silence of an upstream mid-response (default 600)")
     group.add_argument("--health-check-interval-s", type=float, default=1.0,
@@ -67,10 +74,36 @@ def _add_health_args(parser: argparse.ArgumentParser) -> None:
                        help="the back-off's cap (default 30)")
 
 
+def _add_retry_args(parser: argparse.ArgumentParser) -> None:
+    """Per-try deadlines, the request budget and retries (docs/route.md, "Retries")."""
+    group = parser.add_argument_group("deadlines and retries")
+    group.add_argument("--per-try-timeout-s", type=float, default=None,
+                       help="one try's deadline for a whole answer (a stream: its first event); "
+                       "default: --tpot-headroom x max_tokens x the upstream's TPOT, at least "
+                       "--per-try-floor-s")
+    group.add_argument("--per-try-floor-s", type=float, default=10.0,
+                       help="the least derived per-try deadline (default 10)")
+    group.add_argument("--tpot-headroom", type=float, default=4.0,
+                       help="the derived per-try deadline's factor over max_tokens x TPOT "
+                       "(default 4)")
+    group.add_argument("--request-timeout-s", type=float, default=600.0,
+                       help="the client's total budget, every try and the stream included "
+                       "(default 600)")
+    group.add_argument("--retries", type=int, default=2,
+                       help="tries after a failed one the client saw nothing of (default 2)")
+    group.add_argument("--retry-budget-ratio", type=float, default=0.2,
+                       help="retries allowed per request received in the last 10 s "
+                       "(default 0.2)")
+    group.add_argument("--retry-budget-min", type=int, default=10,
+                       help="retries allowed in the last 10 s however few requests came "
+                       "(default 10)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Compose the router's configuration and route until SIGTERM/SIGINT."""
-    from servelab.route.app import RouteConfig, serve_routes
+    from servelab.route.app import serve_routes
     from servelab.route.health import HealthConfig
+    from servelab.route.state import RouteConfig
     from servelab.serve.server import ServerConfig
     from sim.cluster.router import RouterConfig
 
@@ -82,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                          args.api_key, args.prefix_block_tokens,
                          connect_timeout_s=args.connect_timeout_s,
                          read_timeout_s=args.read_timeout_s,
-                         first_byte_timeout_s=args.first_byte_timeout_s, health=health)
+                         first_byte_timeout_s=args.first_byte_timeout_s, health=health,
+                         retry=_retry_config(args))
     server = ServerConfig(args.host, args.port, args.drain_timeout_s, args.log_level)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
 
@@ -92,3 +126,12 @@ def run(args: argparse.Namespace) -> int:
 
     serve_routes(config, server, listening)
     return 0
+
+
+def _retry_config(args: argparse.Namespace) -> RetryConfig:
+    """The deadlines and retries the flags ask for."""
+    from servelab.route.retry import RetryConfig
+
+    return RetryConfig(args.retries, args.per_try_timeout_s, args.per_try_floor_s,
+                       args.tpot_headroom, request_timeout_s=args.request_timeout_s,
+                       budget_ratio=args.retry_budget_ratio, budget_min=args.retry_budget_min)

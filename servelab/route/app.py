@@ -1,6 +1,6 @@
 """`servelab route`: an HTTP router in front of OpenAI-compatible servers, choosing with the
-simulator's sim.cluster.router. The request path is servelab/route/proxy.py and
-servelab/route/relay.py,
+simulator's sim.cluster.router. The request path is servelab/route/proxy.py (each try
+servelab/route/attempt.py, retries servelab/route/retry.py) and servelab/route/relay.py,
 the upstreams' loads servelab/route/upstreams.py, their health servelab/route/health.py, the
 router's metrics servelab/route/metrics.py, the prefix index servelab/route/prefix.py.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,13 +19,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from servelab.route.proxy import RouteConfig, RouteState, fetch_models, forward
+from servelab.route.proxy import fetch_models, forward
+from servelab.route.state import RouteConfig, RouteState
 from servelab.route.upstreams import Upstream, check_forever, poll, poll_forever
 from servelab.serve.api import add_error_handlers
 from servelab.serve.metrics import CONTENT_TYPE
 from servelab.serve.server import ServerConfig, bind
-
-__all__ = ["RouteConfig", "RouterThread", "build_route_app", "serve_routes"]
 
 
 def build_route_app(state: RouteState) -> FastAPI:
@@ -70,7 +70,7 @@ def _upstream_health(u: Upstream, now: float) -> dict[str, object]:
             "metrics_error": u.metrics_error, "state": h.state(now), "ejected_until": until,
             "consecutive_failures": h.request_failures,
             "consecutive_check_failures": h.check_failures, "ejections": h.ejections,
-            "last_failure": h.last_failure}
+            "last_failure": h.last_failure, "tpot_s": u.tpot_s}
 
 
 @contextlib.asynccontextmanager
@@ -119,8 +119,9 @@ class RouterThread:
     """A router on a background thread (tests, benchmarks); use as a context manager."""
 
     def __init__(self, config: RouteConfig, host: str = "127.0.0.1", port: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.state = RouteState.create(config, clock)
+                 clock: Callable[[], float] = time.monotonic,
+                 clock_step_s: float = math.inf) -> None:
+        self.state = RouteState.create(config, clock, clock_step_s)
         self._sock = bind(host, port)
         host, port = self._sock.getsockname()[:2]
         self.url = f"http://{host}:{port}"

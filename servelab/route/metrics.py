@@ -17,8 +17,10 @@ class RouteMetrics:
                                 ["upstream"], registry=reg)
         self.errors = Counter("servelab_router_upstream_errors",
                               "Upstream failures: connect (refused or not connected in time, "
-                              "never sent), first_byte_timeout (no response headers in time), "
-                              "transport (broken after sending), http_5xx (a 5xx answer).",
+                              "never sent), first_byte_timeout (a stream's first event not in "
+                              "time), per_try_timeout (a whole answer not in time), transport "
+                              "(broken after sending), http_5xx (a 5xx answer), invalid (a "
+                              "200 JSON answer that does not parse).",
                               ["upstream", "kind"], registry=reg)
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -42,9 +44,16 @@ class RouteMetrics:
                                  "Times the upstream was taken out of rotation.", ["upstream"],
                                  registry=reg)
         self.retries = Counter("servelab_router_retries",
-                               "Requests sent on to another upstream because this one could "
-                               "not be reached (they never left the router).", ["upstream"],
-                               registry=reg)
+                               "Requests sent on to another upstream after this one, by reason: "
+                               "connect (never sent), timeout (no answer within the per-try "
+                               "deadline), transport, http_5xx, invalid (an answer that does "
+                               "not parse), ejected (the upstream was ejected meanwhile).",
+                               ["upstream", "reason"], registry=reg)
+        self.retries_denied = Counter("servelab_router_retries_denied",
+                                      "Failed requests not tried again, by reason: retries "
+                                      "(--retries used up), budget (the retry budget spent), "
+                                      "deadline (the request's total budget spent), upstreams "
+                                      "(no other upstream left).", ["reason"], registry=reg)
         self.health_checks = Counter("servelab_router_health_checks",
                                      "Active health checks, by result (pass, fail).",
                                      ["upstream", "result"], registry=reg)

@@ -66,10 +66,14 @@ def kv_tokens_estimate(body: object) -> int:
     bytes a token) plus max_tokens."""
     content = _prompt_content(body)
     prompt = len(content) if isinstance(content, list) else -(-len(content) // BYTES_PER_TOKEN)
+    return prompt + max_tokens_of(body)
+
+
+def max_tokens_of(body: object) -> int:
+    """The most tokens the request may generate (chat: either field; OpenAI's default)."""
     fields = body if isinstance(body, dict) else {}
-    limits = (fields.get("max_tokens"), fields.get("max_completion_tokens"))  # chat: either
-    out = next((n for n in limits if type(n) is int and n >= 0), DEFAULT_MAX_TOKENS)
-    return prompt + out
+    limits = (fields.get("max_tokens"), fields.get("max_completion_tokens"))
+    return next((n for n in limits if type(n) is int and n >= 0), DEFAULT_MAX_TOKENS)
 
 
 def _prompt_content(body: object) -> list[int] | bytes:

@@ -1,38 +1,41 @@
 """The router's request path: pick an upstream in rotation with sim.cluster.router, forward the body
-and headers unchanged, and hand the answer to servelab/route/relay.py.
+and headers unchanged, and relay the answer (servelab/route/relay.py).
 
-A request that never reached an upstream (connection refused or not made in time) goes on to
-the next best upstream, each tried once; a failure after the request was sent (no response
-headers within the first-byte timeout, a broken connection) is a 504 or 502, never a retry,
-since the upstream may already be generating. Every outcome feeds the upstream's health
-(servelab/route/health.py). Closing a relayed response early closes the upstream connection,
-which is how a vLLM-style server learns to abort the request.
+Until the client has received a byte, a request may go elsewhere: a refused connection
+(nothing was sent) always, and a try that failed, answered 5xx or garbage, outlived its
+per-try deadline, or whose upstream was ejected meanwhile, up to `retries` times within the
+retry budget (servelab/route/retry.py). A try runs as servelab/route/attempt.py says: a
+non-streamed answer is read whole and a stream up to its first event before the client sees
+anything, and every abandoned try closes its upstream connection, which is how a vLLM-style
+server learns to abort the request. Every outcome feeds the upstream's health
+(servelab/route/health.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from multidict import CIMultiDict
 
-from servelab.route.health import Health, HealthConfig
-from servelab.route.metrics import RouteMetrics
-from servelab.route.prefix import PrefixIndex, PromptBlocks, kv_tokens_estimate, prompt_blocks
+from servelab.route.attempt import TRANSPORT_ERRORS, Answer, Failure, Try, attempt
+from servelab.route.prefix import (
+    PromptBlocks,
+    kv_tokens_estimate,
+    max_tokens_of,
+    prompt_blocks,
+)
 from servelab.route.relay import (
     HOP_HEADERS,
-    TRANSPORT_ERRORS,
     bad_gateway,
     client_gone,
+    discard,
     relay,
-    unless_disconnected,
     with_upstream_headers,
 )
+from servelab.route.state import RouteState
 from servelab.route.upstreams import (
     CONNECT_ERRORS,
     Upstream,
@@ -42,72 +45,19 @@ from servelab.route.upstreams import (
 from servelab.serve.api import check_bearer, parse_body
 from servelab.serve.completions import read_body
 from servelab.serve.protocol import ApiError
-from sim.cluster.router import Router, RouterConfig
 
 
 @dataclass(frozen=True)
-class RouteConfig:
-    """The upstreams, the routing policy and the limits of `servelab route`."""
+class Routed:
+    """A client's request as every try sends it."""
 
-    upstreams: tuple[str, ...]  # base URLs, e.g. http://127.0.0.1:8001
-    router: RouterConfig = field(default_factory=RouterConfig)
-    metrics_interval_s: float = 0.5  # how often each upstream's /metrics is read
-    api_key: str | None = None  # required from clients as `Authorization: Bearer KEY`
-    prefix_block_tokens: int = 16  # prefix index block, in tokens (text: x BYTES_PER_TOKEN)
-    prefix_max_keys: int = 1 << 20  # prefix index entries kept (LRU)
-    max_body_bytes: int = 1 << 24  # larger request bodies get 413 without being forwarded
-    connect_timeout_s: float = 5.0  # a connection not made by then counts as refused
-    read_timeout_s: float = 600.0  # longest silence of an upstream mid-response
-    # From the start of a streamed request to the upstream's response headers, connecting
-    # included. A non-streamed answer's headers come only with the whole answer, so those
-    # are bounded by read_timeout_s alone: a long generation is not a sick upstream.
-    first_byte_timeout_s: float = 60.0
-    health: HealthConfig = field(default_factory=HealthConfig)  # checks and ejection
-
-    def __post_init__(self) -> None:
-        if not self.upstreams:
-            raise ValueError("route: give at least one upstream URL")
-        for url in self.upstreams:
-            if not url.startswith(("http://", "https://")) or url != url.rstrip("/"):
-                raise ValueError(f"route: upstream {url!r} must be an http(s):// base URL "
-                                 "without a trailing slash")
-        if len(set(self.upstreams)) != len(self.upstreams):
-            raise ValueError(f"route: upstreams repeat: {', '.join(self.upstreams)}")
-        for key in ("metrics_interval_s", "connect_timeout_s", "read_timeout_s",
-                    "first_byte_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"route: {key} must be > 0, got {getattr(self, key)}")
-        for key in ("prefix_block_tokens", "prefix_max_keys", "max_body_bytes"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"route: {key} must be >= 1, got {getattr(self, key)}")
-        if not self.first_byte_timeout_s > self.connect_timeout_s:
-            raise ValueError(f"route: first_byte_timeout_s ({self.first_byte_timeout_s}) must "
-                             f"be > connect_timeout_s ({self.connect_timeout_s}), which it "
-                             "includes")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("route: api_key must not be empty (omit it to disable auth)")
-
-
-@dataclass
-class RouteState:
-    """What the handlers share; only the router's event loop touches it."""
-
-    config: RouteConfig
-    router: Router
-    upstreams: list[Upstream]
-    index: PrefixIndex
-    metrics: RouteMetrics
-    session: aiohttp.ClientSession | None = None  # opened on the event loop, at startup
-    clock: Callable[[], float] = time.monotonic  # seconds; health and back-offs read it
-
-    @classmethod
-    def create(cls, config: RouteConfig,
-               clock: Callable[[], float] = time.monotonic) -> RouteState:
-        """A fresh state: every upstream unread and in rotation, the prefix index empty."""
-        upstreams = [Upstream(url, i, health=Health(config.health))
-                     for i, url in enumerate(config.upstreams)]
-        return cls(config, Router(config.router), upstreams, PrefixIndex(config.prefix_max_keys),
-                   RouteMetrics(), clock=clock)
+    path: str
+    raw: bytes  # the body as the client sent it
+    headers: CIMultiDict[str]  # the client's end-to-end headers
+    blocks: PromptBlocks | None  # the prompt's prefix keys (prefix-aware routing only)
+    kv_tokens: int  # prompt + max_tokens estimate (load-aware routing only, else 0)
+    max_tokens: int  # the per-try deadline grows with it
+    streamed: bool
 
 
 def authorize(state: RouteState, http: HttpRequest) -> None:
@@ -158,7 +108,8 @@ def pick_upstream(state: RouteState, blocks: PromptBlocks | None,
 
 
 async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
-    """POST `path` to the chosen upstream (elsewhere while none is reached) and relay it."""
+    """POST `path` to the chosen upstream (elsewhere while the client has seen nothing and
+    the try failed) and relay the answer."""
     authorize(state, http)
     raw = await read_body(http, state.config.max_body_bytes)
     body = parse_body(path, raw)  # refused here as the upstream would; forwarded as sent
@@ -166,74 +117,122 @@ async def forward(state: RouteState, http: HttpRequest, path: str) -> Response:
     if state.router.needs_prefix:
         blocks = prompt_blocks(body, state.config.prefix_block_tokens)
     kv_tokens = kv_tokens_estimate(body) if state.router.needs_loads else 0
-    headers = forwarded_headers(http)
-    cfg = state.config
-    headers_within_s = cfg.first_byte_timeout_s if body.get("stream") is True else None
-    return await _send(state, http, path, raw, headers, blocks, kv_tokens, headers_within_s)
+    routed = Routed(path, raw, forwarded_headers(http), blocks, kv_tokens,
+                    max_tokens_of(body), body.get("stream") is True)
+    return await _send(state, http, routed)
 
 
-async def _send(state: RouteState, http: HttpRequest, path: str, raw: bytes,
-                headers: CIMultiDict[str], blocks: PromptBlocks | None,
-                kv_tokens: int, headers_within_s: float | None) -> Response:
-    """Try upstreams until one is reached, then relay its answer."""
-    tried: tuple[Upstream, ...] = ()
-    refused: list[str] = []
-    upstream = pick_upstream(state, blocks)
+async def _send(state: RouteState, http: HttpRequest, req: Routed) -> Response:
+    """Try upstreams until one answers below 500 (or no retry is left), then relay."""
+    start = state.clock()
+    until = start + state.config.retry.request_timeout_s  # the client's total budget
+    state.budget.request(start)
+    tried: list[Upstream] = []
+    kinds: list[str] = []  # why each try failed
+    upstream = pick_upstream(state, req.blocks)
     while upstream is not None:
-        tried += (upstream,)
-        ticket = upstream.begin(kv_tokens)
-        try:
-            response = await _post(state, http, f"{upstream.url}{path}", raw, headers,
-                                   headers_within_s)
-        except CONNECT_ERRORS as exc:  # the request never left the router: try another
-            upstream.end(ticket)
-            upstream.set_reachable(False, str(exc))
-            request_failed(upstream, state.metrics, state.clock(), "connect", str(exc))
-            refused.append(f"{upstream.url}: {exc}")
-            upstream = pick_upstream(state, blocks, tried)
-            if upstream is not None:
-                state.metrics.retries.labels(tried[-1].url).inc()
-            continue
-        except TRANSPORT_ERRORS as exc:
-            upstream.end(ticket)
-            raise _failed_after_sending(state, upstream, exc, headers_within_s) from None
-        state.metrics.requests.labels(upstream.url).inc()
-        if response is None:
-            upstream.end(ticket)
+        tried.append(upstream)
+        retries_left = state.config.retry.retries - sum(k != "connect" for k in kinds)
+        t = _try(state, req, upstream, until, tried, retries_left)
+        outcome = await attempt(state, http, t)
+        if outcome is None:
             return client_gone()
-        _count_answer(state, upstream, response.status)
-        if blocks is not None and response.status == 200:
-            state.index.record(blocks.keys, upstream.index)
-        return await relay(state, http, upstream, ticket, response)
-    raise bad_gateway("no upstream accepted the connection: " + "; ".join(refused))
+        if isinstance(outcome, Answer):
+            _count_answer(state, upstream, outcome.response.status)
+            if outcome.response.status < 500:
+                if req.blocks is not None and outcome.response.status == 200:
+                    state.index.record(req.blocks.keys, upstream.index)
+                return relay(state, upstream, outcome, until)
+            kinds.append("http_5xx")
+        else:
+            _count_failure(state, upstream, outcome, t, until)
+            kinds.append(outcome.kind)
+        nxt, denied = _next_upstream(state, req, tried, kinds, until)
+        if nxt is None:
+            return _give_up(state, upstream, outcome, kinds, denied, until)
+        if isinstance(outcome, Answer):
+            discard(upstream, outcome)
+        state.metrics.retries.labels(upstream.url, kinds[-1]).inc()
+        upstream = nxt
+    raise bad_gateway("no upstream to send the request to")
 
 
-async def _post(state: RouteState, http: HttpRequest, url: str, raw: bytes,
-                headers: CIMultiDict[str], within_s: float | None
-                ) -> aiohttp.ClientResponse | None:
-    """The upstream's response, once its headers are in (None if the client left first).
-    A non-streamed answer's headers come only when it is complete: the client is watched
-    meanwhile, so one that leaves aborts the request upstream too."""
-    sending = state.session.post(url, data=raw, headers=headers)
-    return await asyncio.wait_for(unless_disconnected(http, sending), within_s)
+def _try(state: RouteState, req: Routed, upstream: Upstream, until: float,
+         tried: list[Upstream], retries_left: int) -> Try:
+    """The next try at `upstream`: its deadline follows max_tokens and the upstream's TPOT
+    (a stream's first event also within first_byte_timeout_s), within the total budget."""
+    cfg = state.config
+    limit_s = cfg.retry.per_try_s(req.max_tokens, upstream.tpot_s)
+    if req.streamed:
+        limit_s = min(limit_s, cfg.first_byte_timeout_s)
+    deadline = min(state.clock() + limit_s, until)
+
+    def can_move() -> bool:  # a retry left, and an upstream in rotation not tried yet
+        now = state.clock()
+        return retries_left > 0 and any(u.routable(now) for u in state.upstreams
+                                        if u is not upstream and u not in tried)
+
+    return Try(upstream, f"{upstream.url}{req.path}", req.raw, req.headers, req.streamed,
+               req.kv_tokens, deadline, min(limit_s, until - state.clock()), can_move)
 
 
-def _failed_after_sending(state: RouteState, upstream: Upstream, exc: Exception,
-                          limit_s: float | None) -> ApiError:
-    """Count a request that may have reached the upstream and then failed; the error for
-    the client (never retried: the upstream may be generating)."""
+def _next_upstream(state: RouteState, req: Routed, tried: list[Upstream], kinds: list[str],
+                   until: float) -> tuple[Upstream | None, str]:
+    """Where the request goes next, or None and why not. A refused connection sent nothing,
+    so it needs neither a retry nor room in the budget; the rest need both."""
+    now, sent = state.clock(), kinds[-1] != "connect"
+    retries = sum(kind != "connect" for kind in kinds[:-1])  # tries that followed a sent one
+    denied = ""
+    if now >= until:
+        denied = "deadline"
+    elif sent and retries >= state.config.retry.retries:
+        denied = "retries"
+    nxt = None if denied else pick_upstream(state, req.blocks, tuple(tried))
+    if not denied and nxt is None:
+        denied = "upstreams"
+    if nxt is not None and sent and not state.budget.allow(now):
+        nxt, denied = None, "budget"
+    if denied:
+        state.metrics.retries_denied.labels(denied).inc()
+    return nxt, denied
+
+
+_DENIED = {"deadline": "the request's time budget is spent", "retries": "no retry left",
+           "upstreams": "no other upstream left", "budget": "the retry budget is spent"}
+
+
+def _give_up(state: RouteState, upstream: Upstream, outcome: Answer | Failure,
+             kinds: list[str], denied: str, until: float) -> Response:
+    """The last try's answer (a 5xx passes through as the upstream sent it), or its error."""
+    if isinstance(outcome, Answer):
+        return relay(state, upstream, outcome, until)
+    tries = f"{len(kinds)} tries" if len(kinds) > 1 else "1 try"
+    message = f"{outcome.message} (after {tries}; {_DENIED[denied]})"
+    if set(kinds) == {"connect"}:
+        raise bad_gateway(f"no upstream accepted the connection: {message}")
+    if outcome.kind == "timeout":
+        raise ApiError(504, message, type_="server_error", code="gateway_timeout")
+    raise bad_gateway(message)
+
+
+def _count_failure(state: RouteState, upstream: Upstream, failure: Failure, t: Try,
+                   until: float) -> None:
+    """A failed try against its upstream's health. An ejection is no new failure, nor is a
+    try cut short by the request's total budget rather than its own deadline."""
     now = state.clock()
-    if isinstance(exc, aiohttp.ClientError):  # aiohttp's own read timeouts included
-        request_failed(upstream, state.metrics, now, "transport", str(exc))
-        return bad_gateway(f"upstream {upstream.url} failed: {exc}")
-    request_failed(upstream, state.metrics, now, "first_byte_timeout",
-                   f"no response headers within {limit_s} s")
-    return ApiError(504, f"upstream {upstream.url} sent no response headers within "
-                    f"{limit_s} s", type_="server_error", code="gateway_timeout")
+    if failure.kind == "connect":
+        upstream.set_reachable(False, failure.message)
+    elif failure.kind == "ejected" or (failure.kind == "timeout" and t.deadline >= until):
+        return
+    kind = failure.kind
+    if kind == "timeout":
+        kind = "first_byte_timeout" if t.streamed else "per_try_timeout"
+    request_failed(upstream, state.metrics, now, kind, failure.message)
 
 
 def _count_answer(state: RouteState, upstream: Upstream, status: int) -> None:
     """An answer is a success for the upstream's health unless it is a 5xx."""
+    state.metrics.requests.labels(upstream.url).inc()
     upstream.set_reachable(True)
     if status >= 500:
         request_failed(upstream, state.metrics, state.clock(), "http_5xx", f"HTTP {status}")

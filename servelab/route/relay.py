@@ -1,74 +1,52 @@
 """The router's way back: an upstream's answer relayed to the client (server-sent events
 event by event, anything else whole) with its status and its header bytes unchanged.
 
-A stream the upstream breaks off ends as `servelab serve` ends its own failed streams: an
-error event, then `data: [DONE]`. Events are relayed whole, so a break never leaves the
-client half an event in front of the error event.
+A stream that breaks off after its first event (or outlives the request's time budget) ends
+as `servelab serve` ends its own failed streams: an error event, then `data: [DONE]`; it is
+never replayed, since the client has tokens. Events are relayed whole, so a break never
+leaves the client half an event in front of the error event.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import aiohttp
-from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from servelab.route.upstreams import Ticket, Upstream, request_failed
+from servelab.route.attempt import TRANSPORT_ERRORS, Answer, events_end
+from servelab.route.retry import sleep_until
+from servelab.route.upstreams import Upstream, request_failed
 from servelab.serve.protocol import SSE_DONE, ApiError, error_body, sse
 
 if TYPE_CHECKING:
-    from servelab.route.proxy import RouteState
+    from servelab.route.state import RouteState
 
 # Per-connection headers (RFC 9110 7.6.1) and those the HTTP libraries set themselves.
 HOP_HEADERS = frozenset((
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
     "content-encoding", "accept-encoding", "date", "server"))
-TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
-T = TypeVar("T")
+SSE_DONE_LINE = SSE_DONE.rstrip()  # b"data: [DONE]"
 
 
-async def relay(state: RouteState, http: HttpRequest, upstream: Upstream, ticket: Ticket,
-                response: aiohttp.ClientResponse) -> Response:
-    """The upstream's answer as the router's: streamed if it is an event stream."""
-    if response.status == 200 and response.content_type == "text/event-stream":
-        return with_upstream_headers(_EventRelay(state, upstream, ticket, response), response)
-    body: bytes | None = None
-    try:
-        body = await unless_disconnected(http, response.read())
-    except TRANSPORT_ERRORS as exc:
-        request_failed(upstream, state.metrics, state.clock(), "transport", str(exc))
-        raise bad_gateway(f"upstream {upstream.url} broke off its response: {exc}") from None
-    finally:
-        _close(response, complete=body is not None)
-        upstream.end(ticket)
-    if body is None:
-        return client_gone()
-    return with_upstream_headers(Response(body, response.status), response)
+def relay(state: RouteState, upstream: Upstream, answer: Answer, until: float) -> Response:
+    """The upstream's answer as the router's: streamed on if it is an event stream (until
+    `until` on the state's clock, the request's total budget), else whole."""
+    response = answer.response
+    if answer.streaming or response.content_type == "text/event-stream":
+        return with_upstream_headers(_EventRelay(state, upstream, answer, until), response)
+    response.release()  # the body is all read: the connection goes back to the pool
+    upstream.end(answer.ticket)
+    return with_upstream_headers(Response(answer.head, response.status), response)
 
 
-async def unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None as soon as the client disconnects (`work` is cancelled,
-    which closes its upstream connection)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(http))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        gone = not task.done()
-        if gone:
-            task.cancel()
-    return None if gone else task.result()
-
-
-async def _disconnected(http: HttpRequest) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
+def discard(upstream: Upstream, answer: Answer) -> None:
+    """Drop an answer that will not be relayed (the request goes elsewhere)."""
+    close(answer.response, complete=not answer.streaming)
+    upstream.end(answer.ticket)
 
 
 class _EventRelay(StreamingResponse):
@@ -76,47 +54,67 @@ class _EventRelay(StreamingResponse):
     stream finished, the client went away, the router is stopping), the upstream response
     is closed and the request stops counting as in flight."""
 
-    def __init__(self, state: RouteState, upstream: Upstream, ticket: Ticket,
-                 response: aiohttp.ClientResponse) -> None:
-        super().__init__(self._chunks(), 200)
-        self._state, self._upstream, self._ticket = state, upstream, ticket
-        self._response = response
+    def __init__(self, state: RouteState, upstream: Upstream, answer: Answer,
+                 until: float) -> None:
+        super().__init__(self._chunks(), answer.response.status)
+        self._state, self._upstream, self._answer = state, upstream, answer
+        self._until = until
 
     async def _chunks(self):
-        pending, done_sent = b"", False
+        answer, state = self._answer, self._state
+        end = events_end(answer.head)
+        yield answer.head[:end]  # at least one event: attempt() waited for it
+        pending, done_sent = answer.head[end:], answer.head[:end].rstrip().endswith(SSE_DONE_LINE)
+        content = answer.response.content
+        # One timer for the stream, not one per read: a stream reads once per token.
+        watchdog = asyncio.ensure_future(self._spend_budget(content))
         try:
-            async for data in self._response.content.iter_any():
+            while data := await content.readany():
                 pending += data
-                end = _events_end(pending)
+                end = events_end(pending)
                 if end:
-                    done_sent = pending[:end].rstrip().endswith(b"data: [DONE]")
+                    done_sent = pending[:end].rstrip().endswith(SSE_DONE_LINE)
                     yield pending[:end]
                     pending = pending[end:]
             if pending:  # ended cleanly inside an event: the upstream's own choice
                 yield pending
-        except TRANSPORT_ERRORS as exc:  # the status is sent: report it in-stream
-            upstream = self._upstream
-            request_failed(upstream, self._state.metrics, self._state.clock(), "transport",
-                           str(exc) or type(exc).__name__)
+        except (*TRANSPORT_ERRORS, BudgetSpent) as exc:  # the status is sent: say it in-stream
             if not done_sent:
-                message = f"upstream {upstream.url} broke off the stream: {exc}"
-                yield sse(error_body(message, "server_error", code="bad_gateway")) + SSE_DONE
+                yield _stream_error(state, self._upstream, exc)
+        finally:
+            watchdog.cancel()
+
+    async def _spend_budget(self, content: aiohttp.StreamReader) -> None:
+        """At the end of the request's budget, fail the read under way (or the next)."""
+        await sleep_until(self._state.clock, self._until, self._state.clock_step_s)
+        content.set_exception(BudgetSpent("the request's time budget ran out mid-stream"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            _close(self._response, complete=self._response.content.at_eof())
-            self._upstream.end(self._ticket)
+            response = self._answer.response
+            close(response, complete=response.content.at_eof())
+            self._upstream.end(self._answer.ticket)
 
 
-def _events_end(data: bytes) -> int:
-    """Where the last complete event of `data` ends (0: none is complete yet)."""
-    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+class BudgetSpent(Exception):
+    """The request's total budget ran out while its stream was being relayed."""
 
 
-def _close(response: aiohttp.ClientResponse, complete: bool) -> None:
+def _stream_error(state: RouteState, upstream: Upstream, exc: Exception) -> bytes:
+    """The error event and [DONE] that end a stream broken off after its first event (such
+    a stream is never replayed: the client has its first tokens)."""
+    if isinstance(exc, BudgetSpent):
+        message, code = str(exc), "gateway_timeout"
+    else:
+        request_failed(upstream, state.metrics, state.clock(), "transport",
+                       str(exc) or type(exc).__name__)
+        message, code = f"upstream {upstream.url} broke off the stream: {exc}", "bad_gateway"
+    return sse(error_body(message, "server_error", code=code)) + SSE_DONE
+
+
+def close(response: aiohttp.ClientResponse, complete: bool) -> None:
     """Keep the connection for reuse after a complete body; otherwise close it (the
     upstream sees the disconnect and aborts the request)."""
     if complete:

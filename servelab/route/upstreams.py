@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 # vLLM's gauge names; vLLM before v0.10 called the KV one vllm:gpu_cache_usage_perc.
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# vLLM's histogram of the gaps between a request's tokens (its older name second).
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 # What aiohttp raises when no connection could be made (the request never left the router).
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
@@ -40,6 +42,8 @@ class Reading:
 
     load: ReplicaLoad  # running, waiting, KV usage (cached_tokens unused)
     kv_pool_tokens: int | None = None  # block_size x num_gpu_blocks; None if not published
+    itl_sum_s: float = 0.0  # the ITL histogram's sum since the upstream started, seconds
+    itl_count: int = 0  # and its count of gaps (0: not published, or no token yet)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,11 @@ class Upstream:
     fresh_kv_tokens: int = 0  # their KV estimates, summed
     epoch: int = 0  # readings so far
     health: Health = field(default_factory=lambda: Health(HealthConfig()))
+    tpot_s: float | None = None  # mean gap between tokens lately; None until one is read
+    itl_seen: tuple[float, int] = (0.0, 0)  # the ITL histogram's sum and count last read
+    # One event per try sent here and not yet answered: set when the upstream is ejected,
+    # so that the try gives up and the request goes elsewhere.
+    unanswered: set[asyncio.Event] = field(default_factory=set)
 
     def routable(self, now: float) -> bool:
         """Neither refused at the last connection nor ejected."""
@@ -104,6 +113,18 @@ class Upstream:
         self.polled = reading
         self.epoch += 1
         self.fresh = self.fresh_kv_tokens = 0
+        if reading is not None and reading.itl_count > 0:
+            self._note_itl(reading.itl_sum_s, reading.itl_count)
+
+    def _note_itl(self, sum_s: float, count: int) -> None:
+        """TPOT from the ITL histogram: the mean gap since the last reading (all of them at
+        the first reading, or after the upstream restarted and its count went back)."""
+        seen_s, seen = self.itl_seen
+        if count > seen:
+            self.tpot_s = (sum_s - seen_s) / (count - seen)
+        elif count < seen:
+            self.tpot_s = sum_s / count
+        self.itl_seen = (sum_s, count)
 
     def set_reachable(self, reachable: bool, reason: str = "") -> None:
         """Record whether a connection to it just succeeded (logs the changes only)."""
@@ -121,9 +142,12 @@ def parse_reading(text: str) -> Reading:
     sums = {RUNNING: 0.0, WAITING: 0.0}
     kv: list[float] = []
     seen, pool = set(), 0
+    itl = {f"{name}{part}": 0.0 for name in ITL for part in ("_sum", "_count")}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in sums:
+            if sample.name in itl:
+                itl[sample.name] += sample.value
+            elif sample.name in sums:
                 sums[sample.name] += sample.value
                 seen.add(sample.name)
             elif sample.name in KV_USAGE:
@@ -134,7 +158,8 @@ def parse_reading(text: str) -> Reading:
         raise ValueError(f"no {RUNNING} / {WAITING} gauges")
     usage = min(max(sum(kv) / len(kv), 0.0), 1.0) if kv else 0.0
     load = ReplicaLoad(int(sums[RUNNING]), int(sums[WAITING]), usage)
-    return Reading(load, pool or None)
+    name = next((n for n in ITL if itl[f"{n}_count"] > 0), ITL[0])  # the one published
+    return Reading(load, pool or None, itl[f"{name}_sum"], int(itl[f"{name}_count"]))
 
 
 def _pool_tokens(labels: dict[str, str]) -> int:
@@ -226,8 +251,11 @@ def request_succeeded(upstream: Upstream, now: float) -> None:
 
 
 def ejected(upstream: Upstream, metrics: RouteMetrics, now: float) -> None:
-    """Log and count an ejection that just happened."""
+    """Log and count an ejection that just happened; the tries waiting there give up."""
     health = upstream.health
     metrics.ejections.labels(upstream.url).inc()
-    log.warning("upstream %s: ejected for %.1f s (ejection %d; %s)", upstream.url,
-                health.ejected_until - now, health.ejections, health.last_failure)
+    log.warning("upstream %s: ejected for %.1f s (ejection %d; %s; %d tries waiting there "
+                "go elsewhere)", upstream.url, health.ejected_until - now, health.ejections,
+                health.last_failure, len(upstream.unanswered))
+    for event in upstream.unanswered:
+        event.set()

@@ -10,7 +10,9 @@ from servelab.cli import main
 @pytest.mark.parametrize("flags, field", [
     (["--first-byte-timeout-s", "2", "--connect-timeout-s", "5"], "first_byte_timeout_s"),
     (["--ejection-base-s", "10", "--ejection-max-s", "5"], "ejection_max_s"),
-    (["--health-check-timeout-s", "0"], "check_timeout_s")])
+    (["--health-check-timeout-s", "0"], "check_timeout_s"),
+    (["--retries", "-1"], "retries"), (["--per-try-timeout-s", "0"], "per_try_timeout_s"),
+    (["--request-timeout-s", "0"], "request_timeout_s")])
 def test_route_command_names_a_bad_health_flag_in_one_line(flags, field, capsys):
     assert main(["route", "--upstream", "http://127.0.0.1:9", *flags]) == 2
     err = capsys.readouterr().err

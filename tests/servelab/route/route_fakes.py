@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import struct
 import threading
 import time
 
@@ -37,8 +38,12 @@ class FakeUpstream:
                                         daemon=True)
 
     def reset(self) -> None:
-        """Idle, with metrics, nothing received, the gate open."""
+        """Idle, healthy, with metrics, nothing received, the gate open."""
         self.running, self.kv_usage, self.metrics = 0, 0.1, True
+        self.healthy = True  # False: /health answers 503
+        self.status = 200  # another: completions answer it (with an error object)
+        self.garbage = False  # True: non-streamed completions answer 200 with a non-JSON body
+        self.itl: tuple[float, int] | None = None  # (sum_s, count) of an ITL histogram
         self.bodies: list[dict] = []
         self.auth: list[str | None] = []
         self.raw_headers: list[list[tuple[bytes, bytes]]] = []  # as received, per request
@@ -56,6 +61,9 @@ class FakeUpstream:
             self.raw_headers.append(list(request.scope["headers"]))
             if "prompt" not in body:
                 return JSONResponse({"error": {"message": "prompt missing"}}, status_code=400)
+            if self.status != 200:
+                return JSONResponse({"error": {"message": f"{self.name} is sick"}},
+                                    status_code=self.status)
             if body.get("stream"):
                 return StreamingResponse(self._chunks(body.get("max_tokens", 3)),
                                          media_type="text/event-stream")
@@ -64,6 +72,8 @@ class FakeUpstream:
                     self.aborted += 1
                     return JSONResponse({}, status_code=499)
                 await asyncio.sleep(0.005)
+            if self.garbage:
+                return PlainTextResponse("<html>oops", media_type="application/json")
             answer = JSONResponse({"model": self.name,
                                    "choices": [{"text": "x", "finish_reason": "length"}]})
             # The client's X-Tenant bytes come back as X-Echo-Tenant, unchanged.
@@ -73,16 +83,20 @@ class FakeUpstream:
 
         @app.get("/health")
         async def health():
-            return {"status": "ok"}
+            return JSONResponse({"status": "ok" if self.healthy else "sick"},
+                                status_code=200 if self.healthy else 503)
 
         @app.get("/metrics")
         async def metrics():
             if not self.metrics:
                 return PlainTextResponse("no metrics here", status_code=404)
+            itl = "" if self.itl is None else (
+                f"vllm:inter_token_latency_seconds_sum {self.itl[0]}\n"
+                f"vllm:inter_token_latency_seconds_count {self.itl[1]}\n")
             return PlainTextResponse(
                 f"vllm:num_requests_running {self.running}\nvllm:num_requests_waiting 0\n"
                 f"vllm:kv_cache_usage_perc {self.kv_usage}\n"  # a pool of 1000 tokens:
-                'vllm:cache_config_info{block_size="10",num_gpu_blocks="100"} 1\n')
+                'vllm:cache_config_info{block_size="10",num_gpu_blocks="100"} 1\n' + itl)
 
         @app.get("/v1/models")
         async def models():
@@ -148,10 +162,7 @@ class DyingUpstream:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         if head.startswith(b"GET"):
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-            await writer.drain()
-            writer.close()
-            return
+            return await self._handle_get(writer)
         length = re.search(rb"(?i)content-length: *(\d+)", head)
         await reader.readexactly(int(length[1]) if length else 0)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -161,6 +172,11 @@ class DyingUpstream:
         self.streams += 1
         await self._died.wait()
         writer.transport.abort()  # a reset, no end of the chunked body
+
+    async def _handle_get(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
 
     def kill(self) -> None:
         """Stop listening and reset every open connection."""
@@ -178,6 +194,22 @@ class DyingUpstream:
         self.kill()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+class ResettingUpstream(DyingUpstream):
+    """A server that resets every completion's connection once the request is in, before
+    any byte of an answer (GETs are answered {}, so /health passes)."""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET"):
+            return await super()._handle_get(writer)
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length[1]) if length else 0)
+        self.streams += 1
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # an RST: the connection reset by peer
 
 
 def _chunk(data: bytes) -> bytes:

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from servelab.bench.client import BenchConfig, replay_trace
-from servelab.route.app import RouteConfig, RouterThread
+from servelab.route.app import RouterThread
 from servelab.route.prefix import BYTES_PER_TOKEN, PrefixIndex, kv_tokens_estimate, prompt_blocks
+from servelab.route.state import RouteConfig
 from servelab.route.upstreams import Reading, Upstream, parse_reading
 from sim.cluster.router import ReplicaLoad, RouterConfig
 from tests.servelab.route.route_fakes import FakeUpstream, dead_url

@@ -1,7 +1,8 @@
 """`servelab route` and sick upstreams: the health record's ejection and back-off on their
 own, then hung (never answering) upstreams behind a running router, whose clock the test
-moves. A hung fake never answers, so its timeouts always fire; the healthy one answers at
-once; nothing here decides by how fast the machine is."""
+moves (per-try deadlines and back-offs run on it). A hung fake never answers, so its
+timeouts always fire; the healthy one answers at once; nothing here decides by how fast the
+machine is."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from collections import Counter
 import httpx
 import pytest
 
-from servelab.route.app import RouteConfig, RouterThread
+from servelab.route.app import RouterThread
 from servelab.route.health import Health, HealthConfig
+from servelab.route.state import RouteConfig
 from sim.cluster.router import RouterConfig
 from tests.servelab.route.route_fakes import FakeClock, FakeUpstream
 from tests.servelab.route.test_route import post, router_metric
-from tests.servelab.serve.helpers import HANG_S
+from tests.servelab.serve.helpers import HANG_S, wait_until
 
 BACKOFF_S = 1000.0  # on the fake clock: nothing comes back until the test advances it
 # A hung upstream reaches these every time; the healthy fake, which answers at once, must
@@ -39,7 +41,7 @@ def hung_router(urls: list[str], clock: FakeClock, checks: bool) -> RouterThread
                          connect_timeout_s=CONNECT_TIMEOUT_S,
                          first_byte_timeout_s=FIRST_BYTE_TIMEOUT_S,
                          health=health)
-    return RouterThread(config, clock=clock)
+    return RouterThread(config, clock=clock, clock_step_s=0.01)
 
 
 @pytest.fixture
@@ -96,25 +98,39 @@ def test_hung_upstream_is_ejected_by_checks_and_back_in_rotation_after_the_backo
         assert router_metric(r.url, "servelab_router_upstream_ejected", upstream=stopped.url) == 0
 
 
-def test_requests_to_a_hung_upstream_time_out_unretried_then_eject_it(stopped):
-    """Without health checks: each streamed request there is a 504 at the first-byte timeout
-    (it may have started, so it goes nowhere else); the third ejects it."""
+def past_the_hang(r: RouterThread, clock: FakeClock, hung: int, body: dict) -> httpx.Response:
+    """Send `body`; whenever a try waits at upstream `hung`, move the clock past the
+    first-byte timeout (the per-try deadline of a short stream)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, r.url, body)
+        while not answer.done():
+            if r.state.upstreams[hung].in_flight:
+                clock.advance(FIRST_BYTE_TIMEOUT_S)
+                while r.state.upstreams[hung].in_flight and not answer.done():
+                    time.sleep(0.005)
+            time.sleep(0.005)
+        return answer.result()
+
+
+def test_requests_to_a_hung_upstream_time_out_go_elsewhere_then_eject_it(stopped):
+    """Without health checks: each streamed request there times out at the first-byte
+    timeout and, its client having seen nothing, goes to a; the third ejects it."""
     clock = FakeClock()
     with FakeUpstream("a") as a, hung_router([a.url, stopped.url], clock, checks=False) as r:
-        statuses = [post(r.url, {"prompt": "hi", "stream": True}).status_code
-                    for _ in range(6)]
-        timed_out = post(r.url, {"prompt": "hi"})
+        streams = [past_the_hang(r, clock, 1, {"prompt": "hi", "stream": True})
+                   for _ in range(6)]
         entry = upstream_health(r, stopped.url)
         assert router_metric(r.url, "servelab_router_upstream_errors_total",
                              upstream=stopped.url, kind="first_byte_timeout") == 3
+        assert router_metric(r.url, "servelab_router_retries_total", upstream=stopped.url,
+                             reason="timeout") == 3
         assert answers(r, 20) == {(200, "a"): 20}
         stopped.start()
         clock.advance(BACKOFF_S)  # the back-off is over: requests try it again
         names = [post(r.url, {"prompt": "hi"}).json()["model"] for _ in range(4)]
         assert upstream_health(r, stopped.url)["state"] == "healthy"
-    assert sorted(statuses) == [200] * 3 + [504] * 3 and len(a.bodies) == 3 + 1 + 20 + 2
-    assert timed_out.status_code == 200  # the seventh: b is out
-    assert timed_out.json()["model"] == "a"
+    assert [x.status_code for x in streams] == [200] * 6
+    assert all('"model": "a"' in x.text for x in streams)
     assert entry["state"] == "ejected" and entry["consecutive_failures"] == 3
     assert "first_byte_timeout" in entry["last_failure"]
     assert sorted(names) == ["a", "a", "b", "b"]
@@ -136,7 +152,8 @@ def test_refused_connection_is_retried_and_counted():
                                      health=HealthConfig(check_interval_s=0.0))) as r:
         b.__exit__()
         names = [post(r.url, {"prompt": "hi"}).json()["model"] for _ in range(4)]
-        assert router_metric(r.url, "servelab_router_retries_total", upstream=b.url) == 1
+        assert router_metric(r.url, "servelab_router_retries_total", upstream=b.url,
+                             reason="connect") == 1
     assert names == ["a"] * 4
 
 
@@ -201,12 +218,15 @@ def test_first_byte_timeout_must_exceed_the_connect_timeout():
 
 
 
-def test_a_non_streamed_answer_may_take_longer_than_the_first_byte_timeout(stopped):
-    """Its headers come with the whole answer: a long generation is not a timeout."""
-    with (hung_router([stopped.url], FakeClock(), checks=False) as r,
+def test_a_non_streamed_answer_has_a_deadline_that_grows_with_max_tokens(stopped):
+    """Its answer comes whole: 100 tokens at the assumed 0.1 s each, 4 times over, is 40 s,
+    far past the first-byte timeout and the 10 s floor, and a long generation is no fault."""
+    clock = FakeClock()
+    with (hung_router([stopped.url], clock, checks=False) as r,
           concurrent.futures.ThreadPoolExecutor(1) as pool):
-        answer = pool.submit(post, r.url, {"prompt": "hi"})
-        time.sleep(FIRST_BYTE_TIMEOUT_S + 0.5)  # the timeout would have fired by now
+        answer = pool.submit(post, r.url, {"prompt": "hi", "max_tokens": 100})
+        wait_until(lambda: r.state.upstreams[0].in_flight == 1, "the request was sent")
+        clock.advance(39.0)
         stopped.start()
         response = answer.result()
     assert response.status_code == 200 and response.json()["model"] == "b"

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from servelab.route.app import RouteConfig, RouterThread
+from servelab.route.app import RouterThread
+from servelab.route.state import RouteConfig
 from sim.cluster.router import RouterConfig
 from tests.servelab.serve.helpers import start_server
 

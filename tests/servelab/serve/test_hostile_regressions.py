@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from servelab.route.app import RouteConfig, RouterThread, build_route_app
-from servelab.route.proxy import RouteState
+from servelab.route.app import RouterThread, build_route_app
+from servelab.route.state import RouteConfig, RouteState
 from servelab.serve.api import BODY_PARSERS, build_app
 from sim.cluster.router import ROUTERS, RouterConfig
 from tests.servelab.serve.helpers import health, start_server
