@@ -95,8 +95,9 @@ def test_generation_attention_kv_length_is_isl_plus_step():
                           "num_key_value_heads": [8], "head_dim": [128], "latency": [0.02],
                           "attn_dtype": ["bfloat16"], "kv_cache_dtype": ["bfloat16"],
                           "kernel_source": ["fa3"]})
-    out, kernel = extract._generation_attention(frame)
-    assert out["kv_len"].tolist() == [1024] and kernel == "fa3"
+    out, kernels = extract._generation_attention(frame)
+    assert out["kv_len"].tolist() == [1024] and kernels == {"auto": "fa3"}
+    assert out["kv"].tolist() == ["auto"]
 
 
 # ---- a small fixture data set ------------------------------------------------------------
