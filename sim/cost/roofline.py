@@ -27,7 +27,7 @@ from sim.specs.model_specs import ModelSpec
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2}
 # vLLM's --quantization values priced: fp8 stores the linear layers' weights in one byte
 # (per-tensor scales, negligible) and, on GPUs with FP8 tensor cores, runs their GEMMs on
-# them with activations quantized per step; KV and everything else keep the dtype.
+# them with activations quantized per step; everything else keeps the dtype (KV: below).
 QUANTIZATIONS: tuple[str, ...] = ("fp8",)
 # vLLM's --kv-cache-dtype values: auto stores K and V in the model's dtype (or the
 # checkpoint's own KV scheme, sim.specs.model_config); the fp8 formats store one byte an
