@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sim.cost.roofline import QUANTIZATIONS
+from sim.cost.roofline import KV_CACHE_DTYPES, QUANTIZATIONS
 from sim.deployment import (
     COSTS,
     DEFAULT_COST,
@@ -203,6 +203,7 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
                        help="fp8: linear layers' weights in one byte, their GEMMs on FP8 "
                             "tensor cores where the GPU has them (vLLM's --quantization fp8)")
+    add_kv_cache_dtype_arg(group)
     group.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=int,
                        default=None if serve else 1,
                        help="tensor-parallel GPUs per engine (analytic model; default 1)")
@@ -231,6 +232,16 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
                             "server runs, where flags are left at their defaults)")
 
 
+def add_kv_cache_dtype_arg(group: argparse._ArgumentGroup) -> None:
+    """--kv-cache-dtype, vLLM's flag and values."""
+    group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                       help="the KV cache's dtype: auto (default) is the checkpoint's own KV "
+                            "scheme where its quantization_config names one, else --dtype; "
+                            "fp8 (= fp8_e4m3 on NVIDIA) and fp8_e5m2 store K and V in one "
+                            "byte, which sizes the pool and the attention's reads (vLLM's "
+                            "--kv-cache-dtype)")
+
+
 def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
                        **defaults: Any) -> DeploymentOptions:
     """The DeploymentOptions the flags give; `defaults` fill flags left unset (None)."""
@@ -244,7 +255,7 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         num_blocks=num_blocks, cost_model=args.cost_model, cost=args.cost,
         quantization=args.quantization, vllm_version=args.vllm_version,
-        **_profile_limits(args))
+        kv_cache_dtype=args.kv_cache_dtype, **_profile_limits(args))
 
 
 def _profile_limits(args: argparse.Namespace) -> dict[str, int]:

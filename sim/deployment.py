@@ -16,7 +16,7 @@ from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.kernel_cost import kernel_cost_backend
 from sim.cost.kernel_tables import KernelTableError, KernelTables, measured_versions
-from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel
+from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel, kv_element_bytes
 from sim.engine.core import Backend
 from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
@@ -70,6 +70,9 @@ class DeploymentOptions:
     cost: str = DEFAULT_COST
     quantization: str | None = None  # vLLM's --quantization: fp8, or None (weights in dtype)
     vllm_version: str | None = None  # the kernel tables' vLLM version (None: newest measured)
+    # vLLM's --kv-cache-dtype (KV_CACHE_DTYPES): auto is the checkpoint's own KV scheme where
+    # its quantization_config names one, else the dtype.
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -132,11 +135,12 @@ class Deployment:
     server_limits: tuple[tuple[str, Any], ...] = ()
     quantization: str | None = None  # fp8: linear weights in one byte (QUANTIZATIONS)
     vllm_version: str | None = None  # the vLLM version whose kernel tables price steps
+    kv_cache_dtype: str = "auto"  # resolved --kv-cache-dtype: auto (the dtype) or an fp8 one
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V bytes of one token over the whole model."""
-        return self.model.kv_bytes_per_token(DTYPE_BYTES[self.dtype])
+        """K and V bytes of one token over the whole model, in the KV cache's dtype."""
+        return self.model.kv_bytes_per_token(kv_element_bytes(self.kv_cache_dtype, self.dtype))
 
     def to_dict(self) -> dict[str, Any]:
         """The deployment as JSON-ready data (what --json records)."""
@@ -152,6 +156,7 @@ class Deployment:
             "max_model_len": self.max_model_len,
             "cost_model": type(self.cost_model).__name__,
             "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "vllm_version": self.vllm_version,
             "server_limits": dict(self.server_limits),
         }
@@ -165,6 +170,9 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     model = resolve_model(options.model)
     if model.quantization and not options.quantization:  # an FP8 checkpoint, as vLLM reads it
         options = replace(options, quantization=model.quantization)
+    if options.kv_cache_dtype == "auto" and model.kv_cache_dtype:  # the checkpoint's KV scheme
+        options = replace(options, kv_cache_dtype=model.kv_cache_dtype)
+    kv_element_bytes(options.kv_cache_dtype, dtype)  # an unknown value, named
     if not 0.0 < options.gpu_memory_utilization <= 1.0:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got "
                          f"{options.gpu_memory_utilization}")
@@ -176,8 +184,9 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
                              data_parallel=parallel.data_parallel,
                              expert_parallel=parallel.expert_parallel,
                              reserve_bytes=_reserve_bytes(options, model, dtype, parallel),
-                             quantization=options.quantization)
-    block_bytes = model.kv_bytes_per_token(DTYPE_BYTES[dtype]) * options.block_size
+                             quantization=options.quantization,
+                             kv_cache_dtype=options.kv_cache_dtype)
+    block_bytes = model.kv_bytes_per_token(cost.kv_bytes) * options.block_size
     utilization = options.gpu_memory_utilization
     sized = cost.kv_pool_blocks(options.block_size, utilization)
     pool = KvPool(
@@ -197,7 +206,8 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, ENGINE_DEFAULTS.max_model_len),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",
-                      quantization=options.quantization, vllm_version=vllm_version)
+                      quantization=options.quantization, vllm_version=vllm_version,
+                      kv_cache_dtype=options.kv_cache_dtype)
 
 
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
@@ -218,7 +228,7 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
     """The cost model --cost picks (the roofline sizes the pool either way), a line naming
     it (for the measured kernels, their GPU, vLLM version and source; for the fitted one,
     whether GPU, model and shapes lie in its data), and the kernel tables' vLLM version."""
-    name, quantization = options.cost, options.quantization
+    name, quantization, kv = options.cost, options.quantization, options.kv_cache_dtype
     if name not in COSTS:
         raise ValueError(f"--cost {name!r}: choose {', '.join(COSTS)}")
     if options.vllm_version and name not in ("auto", "kernels"):
@@ -233,7 +243,7 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
             tables = KernelTables.load(hardware.name, options.vllm_version)
             kernels = kernel_cost_backend(model, hardware, tables, parallel.tensor_parallel,
                                           expert_parallel=ep, dtype=dtype,
-                                          quantization=quantization)
+                                          quantization=quantization, kv_cache_dtype=kv)
             return kernels, f"vllm-kernels: {kernels.describe()}", tables.vllm_version
         except KernelTableError as error:
             # Asked for by name, or a version the GPU was not measured at: say so.
@@ -241,12 +251,15 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
                 raise ValueError(f"--cost {name}: {error}") from None
             fallback = f"no measured vLLM kernels ({error}): extrapolated from the datasheet; "
     fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
-                              quantization=quantization)
+                              quantization=quantization, kv_cache_dtype=kv)
     budget = ENGINE_DEFAULTS.token_budget
     line = f"gpu-fitted: {fallback}{gpu_coverage(model.name, hardware.name, budget)}"
     if quantization:
         line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
                  "(extrapolated)")
+    if kv != "auto":
+        line += (f"; {kv} KV cache read at the decode-attention efficiency fitted on 16-bit "
+                 "KV (extrapolated)")
     return fitted, line, None
 
 
@@ -258,15 +271,17 @@ def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> 
     if parallel.expert_parallel:
         gpus += " + ep"
     weights = f", {options.quantization} weights" if options.quantization else ""
+    if options.kv_cache_dtype != "auto":
+        weights += f", {options.kv_cache_dtype} KV cache"
     return f"{options.model} on {gpus} ({dtype}{weights})"
 
 
 def _calibrated(options: DeploymentOptions, model: ModelSpec, dtype: str,
                 parallel: Parallelism) -> Deployment:
     """A deployment whose steps come from a calibration file (its own pool and limits)."""
-    if parallel != Parallelism() or options.quantization:
-        raise ValueError("--tp / --data-parallel-size / --quantization price the analytic "
-                         "model; a calibration is measured as is")
+    if parallel != Parallelism() or options.quantization or options.kv_cache_dtype != "auto":
+        raise ValueError("--tp / --data-parallel-size / --quantization / --kv-cache-dtype "
+                         "price the analytic model; a calibration is measured as is")
     cost = CalibratedCostModel.load(options.cost_model)
     meta = cost.meta
     server = meta.get("server") or {}

@@ -86,7 +86,8 @@ def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE) -> De
             model=model, hardware=hardware, tensor_parallel=plan.tensor_parallel,
             data_parallel=plan.data_parallel, expert_parallel=plan.expert_parallel,
             max_num_batched_tokens=plan.max_num_batched_tokens,
-            max_num_seqs=plan.max_num_seqs, quantization=plan.quantization))
+            max_num_seqs=plan.max_num_seqs, quantization=plan.quantization,
+            kv_cache_dtype=plan.kv_cache_dtype))
     except ValueError as error:  # UnsupportedModelError included
         raise RowRefused(str(error)) from None
 

@@ -39,6 +39,12 @@ MIN_MAX_NUM_SEQS = 512
 SLACK_TOKENS = 1500
 # Row precision -> vLLM --quantization as servelab prices it ("" and bf16: 16-bit weights).
 QUANTIZATION = {"": None, "bf16": None, "fp16": None, "fp8": "fp8"}
+# The generator's vLLM --kv-cache-dtype: its estimate's KV quant mode, "bfloat16" written as
+# auto. A row states GEMM and MoE modes only, so the KV mode comes from the row model's
+# checkpoint (fp8 where its quantization_config names an FP8 KV cache, else bfloat16): the
+# rows' checkpoints are 16-bit ones (meta-llama/Llama-3.1-70B, Qwen/Qwen3-32B), so auto,
+# which is also what servelab's own checkpoint rule gives them.
+KV_CACHE_DTYPE = "auto"
 
 
 class RowRefused(ValueError):
@@ -80,6 +86,7 @@ class ReplayPlan:
     data_parallel: int
     expert_parallel: bool
     quantization: str | None
+    kv_cache_dtype: str  # vLLM's --kv-cache-dtype as the generator sets it (KV_CACHE_DTYPE)
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
@@ -132,6 +139,7 @@ def replay_plan(row: SiliconRow, rounds: int = MEASURED_ROUNDS) -> ReplayPlan:
         users=users, warmup_requests=WARMUP_ROUNDS * users, measured_requests=rounds * users,
         prompt_len=row.isl, output_len=row.osl, tensor_parallel=tp, data_parallel=dp,
         expert_parallel=row.moe_ep > 1, quantization=QUANTIZATION[row.precision],
+        kv_cache_dtype=KV_CACHE_DTYPE,
         max_num_seqs=seqs, max_num_batched_tokens=seqs + row.isl + SLACK_TOKENS,
         max_model_len=row.isl + row.osl + SLACK_TOKENS)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.cluster_args import parse_pd
-from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
+from servelab.sim_args import add_kv_cache_dtype_arg, add_prefix_caching_arg, write_json_atomic
 from servelab.sweeps.deployment_search import (
     DeploymentProbe,
     Family,
@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     space.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
                        help="fp8: every deployment's linear weights in one byte (vLLM's "
                             "--quantization fp8)")
+    add_kv_cache_dtype_arg(space)
     space.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
                        help="gpu: the operator model fitted on published GPU profiles "
                             "(default); roofline: the analytic roofline")
@@ -137,7 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     context = SearchContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
                           args.block_size, args.max_model_len, args.kv_link_gbps,
                           args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
-                          open_loop=args.open_loop, quantization=args.quantization)
+                          open_loop=args.open_loop, quantization=args.quantization,
+                          kv_cache_dtype=args.kv_cache_dtype)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")

@@ -139,7 +139,9 @@ def _executor_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
         ("--hardware", args.hardware), ("--tp", args.tp), ("--cost-model", args.cost_model),
         ("--data-parallel-size", args.data_parallel_size != 1 or None),
         ("--enable-expert-parallel", args.enable_expert_parallel or None),
-        ("--quantization", args.quantization)) if v is not None]
+        ("--quantization", args.quantization),
+        ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype))
+        if v is not None]
     if simulator_only:
         raise ValueError(f"{', '.join(simulator_only)}: only with --simulate (they "
                          "describe a simulated deployment)")

@@ -86,6 +86,7 @@ class SearchContext:
     cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
     open_loop: bool = False  # sessions' turns at their written times, not closed-loop
     quantization: str | None = None  # vLLM's --quantization (fp8), for every deployment
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype, for every deployment
 
     def resolved(self, family: Family) -> Deployment:
         """One engine of the family as a Deployment (its cost model and KV pool)."""
@@ -93,7 +94,7 @@ class SearchContext:
             self.model, family.hardware, self.dtype, family.tp, family.dp,
             expert_parallel=family.dp > 1, block_size=self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost,
-            quantization=self.quantization))
+            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype))
 
     def usd_per_hour(self, family: Family, scale: int) -> float:
         """What the family's deployment of that scale costs an hour (all of its GPUs)."""
@@ -305,4 +306,6 @@ def simulate_args(row: dict, context: SearchContext) -> list[str]:
             f"{context.kv_link_gbps:g}", *budget, *caching,
             *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else []),
             *(["--open-loop"] if context.open_loop else []),
-            *(["--quantization", context.quantization] if context.quantization else [])]
+            *(["--quantization", context.quantization] if context.quantization else []),
+            *(["--kv-cache-dtype", context.kv_cache_dtype]
+              if context.kv_cache_dtype != "auto" else [])]

@@ -17,6 +17,7 @@ from sim.cost.engine_overhead import EngineOverhead, load_engine
 from sim.cost.gpu_layer import LayerCost
 from sim.cost.gpu_shapes import GpuPeaks, LayerShapes
 from sim.cost.gpu_terms import GpuTerms, load_terms
+from sim.cost.roofline import check_kv_cache_dtype
 from sim.engine.core import BatchPlan, Request, StepResult
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model_specs import ModelSpec
@@ -31,7 +32,7 @@ class GpuCostModel(LayerCost):
     def __init__(self, shapes: LayerShapes, peaks: GpuPeaks, engine: EngineOverhead,
                  tensor_parallel: int = 1, expert_parallel: int = 1,
                  terms: GpuTerms | None = None, dtype_bytes: int = 2,
-                 quantization: str | None = None) -> None:
+                 quantization: str | None = None, kv_cache_dtype: str = "auto") -> None:
         terms = terms if terms is not None else load_terms(peaks.name, peaks)
         if engine.compute_scale != 1.0:
             scale = engine.compute_scale
@@ -42,8 +43,13 @@ class GpuCostModel(LayerCost):
                          quantization, engine.per_kernel_s)
         self.engine = engine
         s, t = shapes, terms
+        # The KV cache's element bytes (--kv-cache-dtype): what decode attention reads and
+        # a swap moves; the fitted efficiencies are the 16-bit kernels' (extrapolated).
+        check_kv_cache_dtype(kv_cache_dtype, peaks.name, peaks.peak_fp8_flops)
+        self.kv_cache_dtype = kv_cache_dtype
+        kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else 1
         self._group = (s.num_heads // tensor_parallel) / self._kv_heads  # queries a KV head
-        self._kv_bytes_layer = 2 * self._kv_dim * dtype_bytes  # K+V of one token
+        self._kv_bytes_layer = 2 * self._kv_dim * kv_bytes  # K+V of one token
         layers = s.num_layers
         self._layers = layers
         # KV swapped to or from host memory (--preemption swap), copied before the forward;
@@ -56,7 +62,7 @@ class GpuCostModel(LayerCost):
                                                         * t.attn_decode_eff_memory)
         self._mla = s.kv_lora_rank > 0
         if self._mla:
-            self._latent_attention(peaks, dtype_bytes)
+            self._latent_attention(peaks, kv_bytes)
         self._prefill_floor_s = t.attn_prefill_floor_s
         self._decode_floor_s = t.attn_decode_floor_s
         self._overlapped = engine.overlapped
@@ -66,7 +72,7 @@ class GpuCostModel(LayerCost):
         self._token_cache: dict[int, tuple[float, float]] = {}
         self._row_cache: dict[int, tuple[float, float]] = {}
 
-    def _latent_attention(self, peaks: GpuPeaks, dtype_bytes: int) -> None:
+    def _latent_attention(self, peaks: GpuPeaks, kv_bytes: int) -> None:
         """Multi-head latent attention as vLLM runs it. Every GPU caches each token's latent
         and RoPE key whole, once for all its heads. A prefill runs ordinary attention over
         K and V up-projected per head (queries and keys of head_dim, values of v_head_dim).
@@ -77,7 +83,7 @@ class GpuCostModel(LayerCost):
         s, t, tp = self.shapes, self.terms, self.tensor_parallel
         heads, latent = s.num_heads // tp, s.kv_lora_rank + s.qk_rope_head_dim
         self._group = 1.0
-        self._kv_bytes_layer = latent * dtype_bytes
+        self._kv_bytes_layer = latent * kv_bytes
         self._swap_s_per_token = self._layers * self._kv_bytes_layer / peaks.host_link_bytes_s
         flops_s = peaks.peak_flops * t.attn_prefill_eff_compute
         self._s_per_prefill_pair = 2.0 * heads * (s.head_dim + s.v_head_dim) / flops_s
@@ -174,8 +180,10 @@ class GpuCostModel(LayerCost):
 
 def gpu_cost_backend(model: ModelSpec, hardware: HardwareSpec, tensor_parallel: int = 1,
                      engine: str = "vllm", expert_parallel: int = 1,
-                     quantization: str | None = None) -> GpuCostModel:
+                     quantization: str | None = None,
+                     kv_cache_dtype: str = "auto") -> GpuCostModel:
     """The fitted model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
     return GpuCostModel(LayerShapes.from_model_spec(model), hardware,
                         load_engine(engine), tensor_parallel=tensor_parallel,
-                        expert_parallel=expert_parallel, quantization=quantization)
+                        expert_parallel=expert_parallel, quantization=quantization,
+                        kv_cache_dtype=kv_cache_dtype)

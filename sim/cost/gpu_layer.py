@@ -39,7 +39,8 @@ class LayerCost:
         # FP8 quantization (vLLM's --quantization fp8): the linear layers' weights in one
         # byte, their GEMMs on FP8 tensor cores over activations quantized before each (a
         # small op), at the efficiencies fitted for 16-bit GEMMs (both terms scale alike:
-        # twice the peak, half the weight bytes). lm_head, router and KV stay 16-bit.
+        # twice the peak, half the weight bytes). lm_head and router stay 16-bit; KV follows
+        # --kv-cache-dtype (GpuCostModel).
         check_quantization(name, quantization, peaks.name, peaks.peak_fp8_flops)
         self.shapes, self.peaks, self.terms = shapes, peaks, terms
         self.tensor_parallel, self.expert_parallel = tensor_parallel, expert_parallel

@@ -16,7 +16,7 @@ from __future__ import annotations
 from sim.cost.engine_overhead import EngineOverhead, load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import GpuPeaks, LayerShapes
-from sim.cost.kernel_curves import Curve
+from sim.cost.kernel_curves import Curve, Grid, blend
 from sim.cost.kernel_tables import KernelTableError, KernelTables
 from sim.engine.core import BatchPlan
 from sim.specs.hardware import HardwareSpec
@@ -50,9 +50,11 @@ class KernelCostModel(GpuCostModel):
 
     def __init__(self, shapes: LayerShapes, peaks: GpuPeaks, engine: EngineOverhead,
                  tables: KernelTables, tensor_parallel: int = 1, expert_parallel: int = 1,
-                 dtype: str = "bf16", quantization: str | None = None) -> None:
+                 dtype: str = "bf16", quantization: str | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         super().__init__(shapes, peaks, engine, tensor_parallel, expert_parallel,
-                         dtype_bytes=2, quantization=quantization)
+                         dtype_bytes=2, quantization=quantization,
+                         kv_cache_dtype=kv_cache_dtype)
         if shapes.kv_lora_rank:
             raise KernelTableError(f"{shapes.name}: latent attention (MLA) is not priced "
                                    "from the kernel tables")
@@ -71,13 +73,34 @@ class KernelCostModel(GpuCostModel):
         self._ar = tables.all_reduce(tp) if tp > 1 and tp not in own else None
         if tp > 1 and tp in own:
             self.notes.append(f"all-reduce over {tp} GPUs from the GPU file")
-        self._context, note = tables.context_attention(s.num_heads // tp, self._kv_heads,
-                                                       s.head_dim)
-        self.notes += [note] if note else []
-        self._generation, note = tables.generation_attention(s.num_heads // tp,
-                                                             self._kv_heads, s.head_dim)
-        self.notes += [note] if note else []
+        self._attention_grids(kv_cache_dtype)
         self._decode_rows: dict[int, Curve] = {}  # decode attention by rows (predict's)
+
+    def _attention_grids(self, kv_cache_dtype: str) -> None:
+        """Prefill and decode attention over the deployment's KV cache: the FP8-KV tables
+        where this GPU and version measured them, else the 16-bit ones with decode scaled
+        by the KV bytes it reads (the description says so)."""
+        s, tables, heads = self.shapes, self.tables, self.shapes.num_heads // self.tensor_parallel
+        kv = "auto" if kv_cache_dtype == "auto" else "fp8"
+        measured = all(kv in tables.kv_cache_dtypes(name)
+                       for name in ("context_attention", "generation_attention"))
+        table_kv = kv if measured else "auto"
+        self._context, note = tables.context_attention(heads, self._kv_heads, s.head_dim,
+                                                       table_kv)
+        self.notes += [note] if note else []
+        self._generation, note = tables.generation_attention(heads, self._kv_heads,
+                                                             s.head_dim, table_kv)
+        self.notes += [note] if note else []
+        if kv != table_kv:
+            scale = self._kv_bytes_layer / (2 * self._kv_dim * self.dtype_bytes)
+            self._generation = Grid({b: blend([(c, 1.0)], scale)
+                                     for b, c in self._generation.rows.items()})
+            self.notes.append(f"{kv_cache_dtype} KV cache: no FP8-KV attention measured, so "
+                              f"decode attention is the 16-bit table x{scale:g} (the KV "
+                              "bytes it reads) and prefill attention the 16-bit table "
+                              "(extrapolated)")
+        elif kv != "auto":
+            self.notes.append(f"{kv_cache_dtype} KV cache: attention from the FP8-KV tables")
 
     def _mlp_curves(self, quant: str, base: str) -> None:
         """The dense MLP's GEMMs; an MoE layer's fused experts, router (16-bit), shared
@@ -244,9 +267,10 @@ class KernelCostModel(GpuCostModel):
 def kernel_cost_backend(model: ModelSpec, hardware: HardwareSpec, tables: KernelTables,
                         tensor_parallel: int = 1, expert_parallel: int = 1,
                         dtype: str = "bf16", quantization: str | None = None,
-                        engine: str = "vllm") -> KernelCostModel:
+                        engine: str = "vllm", kv_cache_dtype: str = "auto") -> KernelCostModel:
     """The measured-kernel model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
     return KernelCostModel(LayerShapes.from_model_spec(model),
                            hardware, load_engine(engine), tables,
                            tensor_parallel=tensor_parallel, expert_parallel=expert_parallel,
-                           dtype=dtype, quantization=quantization)
+                           dtype=dtype, quantization=quantization,
+                           kv_cache_dtype=kv_cache_dtype)

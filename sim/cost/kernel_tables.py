@@ -185,27 +185,37 @@ class KernelTables:
 
     # ---- attention --------------------------------------------------------------------
 
-    def context_attention(self, heads: int, kv_heads: int, head_dim: int) -> tuple[Grid, str]:
-        """Prefill attention (ms) by (batch, sequence length) for one GPU's heads, and a
-        note when the heads were not measured (priced from the nearest, scaled by query
-        heads: prefill attention's FLOPs)."""
-        return self._attention("context_attention", "seq", 2.0, heads, kv_heads, head_dim,
-                               by_kv=False)
+    def kv_cache_dtypes(self, table: str) -> list[str]:
+        """The KV caches an attention table measured at this version: "auto" (the 16-bit
+        dtype) and, where measured, "fp8"."""
+        entry = _manifest(self.data_dir)["gpus"][self.gpu]["tables"][table][self.vllm_version]
+        return sorted(entry.get("kv_cache_dtypes", {"auto": None}))
 
-    def generation_attention(self, heads: int, kv_heads: int,
-                             head_dim: int) -> tuple[Grid, str]:
-        """Decode attention (ms) by (batch, KV length per sequence), and a note when the
-        heads were not measured (priced from the nearest, scaled by KV heads: the KV bytes
-        decode reads)."""
+    def context_attention(self, heads: int, kv_heads: int, head_dim: int,
+                          kv: str = "auto") -> tuple[Grid, str]:
+        """Prefill attention (ms) by (batch, sequence length) for one GPU's heads over a KV
+        cache `kv` (kv_cache_dtypes), and a note when the heads were not measured (priced
+        from the nearest, scaled by query heads: prefill attention's FLOPs)."""
+        return self._attention("context_attention", "seq", 2.0, heads, kv_heads, head_dim,
+                               by_kv=False, kv=kv)
+
+    def generation_attention(self, heads: int, kv_heads: int, head_dim: int,
+                             kv: str = "auto") -> tuple[Grid, str]:
+        """Decode attention (ms) by (batch, KV length per sequence) over a KV cache `kv`,
+        and a note when the heads were not measured (priced from the nearest, scaled by KV
+        heads: the KV bytes decode reads)."""
         return self._attention("generation_attention", "kv_len", 1.0, heads, kv_heads,
-                               head_dim, by_kv=True)
+                               head_dim, by_kv=True, kv=kv)
 
     def _attention(self, table: str, length: str, power: float, heads: int, kv_heads: int,
-                   head_dim: int, by_kv: bool) -> tuple[Grid, str]:
-        shapes = _attention_shapes(self._path(table), self.sources[table])
+                   head_dim: int, by_kv: bool, kv: str) -> tuple[Grid, str]:
+        if kv not in self.kv_cache_dtypes(table):
+            raise KernelTableError(f"{self.gpu} vLLM {self.vllm_version}: no {table} "
+                                   f"measured with a {kv} KV cache")
+        shapes = _attention_shapes(self._path(table), self.sources[table], kv)
         if (heads, kv_heads, head_dim) in shapes:
             return _attention_grid(self._path(table), self.sources[table], length, power,
-                                   heads, kv_heads, head_dim), ""
+                                   heads, kv_heads, head_dim, kv), ""
         same_dim = [s for s in shapes if s[2] == head_dim]
         if not same_dim:
             raise KernelTableError(f"{self.gpu} vLLM {self.vllm_version}: no {table} "
@@ -216,7 +226,8 @@ class KernelTables:
             return (abs(math.log(s[0] / s[1]) - math.log(group)), abs(math.log(s[0] / heads)))
 
         near = min(same_dim, key=distance)
-        grid = _attention_grid(self._path(table), self.sources[table], length, power, *near)
+        grid = _attention_grid(self._path(table), self.sources[table], length, power, *near,
+                               kv)
         scale = kv_heads / near[1] if by_kv else heads / near[0]
         rows = {b: blend([(c, 1.0)], scale) for b, c in grid.rows.items()}
         note = (f"{table.replace('_', ' ')} of {heads} heads / {kv_heads} KV heads priced "
@@ -297,17 +308,23 @@ def _gemm_grid(path: Path, version: str, quant: str) -> dict[tuple[int, int], Cu
     return {nk: Curve(*zip(*pts, strict=True)) for nk, pts in points.items()}
 
 
+def _kv_match(path: Path, kv: str) -> dict[str, str]:
+    """The rows of one KV cache dtype (a table without the `kv` column holds 16-bit KV)."""
+    return {"kv": kv} if "kv" in _columns(path) else {}
+
+
 @functools.cache
-def _attention_shapes(path: Path, version: str) -> frozenset[tuple[int, int, int]]:
-    rows = _rows(path, version)
+def _attention_shapes(path: Path, version: str, kv: str) -> frozenset[tuple[int, int, int]]:
+    rows = _rows(path, version, **_kv_match(path, kv))
     return frozenset(zip(rows["heads"].tolist(), rows["kv_heads"].tolist(),
                          rows["head_dim"].tolist(), strict=True))
 
 
 @functools.cache
 def _attention_grid(path: Path, version: str, length: str, power: float, heads: int,
-                    kv_heads: int, head_dim: int) -> Grid:
-    rows = _rows(path, version, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+                    kv_heads: int, head_dim: int, kv: str) -> Grid:
+    rows = _rows(path, version, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                 **_kv_match(path, kv))
     by_batch: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for b, x, t in zip(rows["batch"].tolist(), rows[length].tolist(),
                        rows["latency_ms"].tolist(), strict=True):

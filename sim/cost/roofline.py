@@ -27,8 +27,12 @@ from sim.specs.model_specs import ModelSpec
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2}
 # vLLM's --quantization values priced: fp8 stores the linear layers' weights in one byte
 # (per-tensor scales, negligible) and, on GPUs with FP8 tensor cores, runs their GEMMs on
-# them with activations quantized per step; KV and everything else keep the dtype.
+# them with activations quantized per step; everything else keeps the dtype (KV: below).
 QUANTIZATIONS: tuple[str, ...] = ("fp8",)
+# vLLM's --kv-cache-dtype values: auto stores K and V in the model's dtype (or the
+# checkpoint's own KV scheme, sim.specs.model_config); the fp8 formats store one byte an
+# element (per-tensor scales, negligible). fp8 means fp8_e4m3 on NVIDIA GPUs.
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def check_quantization(owner: str, quantization: str | None, gpu: str,
@@ -42,6 +46,24 @@ def check_quantization(owner: str, quantization: str | None, gpu: str,
     if quantization and not peak_fp8_flops:
         raise ValueError(f"--quantization fp8: {gpu} has no FP8 tensor cores (vLLM's "
                          "weight-only FP8 there is not priced)")
+
+
+def kv_element_bytes(kv_cache_dtype: str, dtype: str) -> int:
+    """Bytes of one K or V element under vLLM's --kv-cache-dtype (auto: the dtype's)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose from "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
+    return DTYPE_BYTES[dtype] if kv_cache_dtype == "auto" else 1
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, gpu: str, peak_fp8_flops: float | None) -> None:
+    """Raise unless the GPU runs the KV cache dtype: an FP8 KV cache is priced on GPUs whose
+    datasheet gives FP8 tensor cores only (vLLM's FP8 KV on older GPUs converts in software
+    inside the attention kernels, which no cost model here prices)."""
+    kv_element_bytes(kv_cache_dtype, "bf16")  # (names the choices for an unknown one)
+    if kv_cache_dtype != "auto" and not peak_fp8_flops:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype}: {gpu} has no FP8 support "
+                         "(datasheet); its FP8 KV cache is not priced")
 
 
 # Not frozen: __post_init__ derives the per-unit times below once, from the fields above;
@@ -82,10 +104,12 @@ class AnalyticCostModel:
     data_parallel: int = 1
     expert_parallel: bool = False
     quantization: str | None = None  # one of QUANTIZATIONS, or None: weights in dtype
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES: the KV pool's and reads' bytes
 
     # Derived at construction; all times in seconds per unit named, on each GPU.
     dtype_bytes: int = field(init=False, repr=False)
     linear_bytes: int = field(init=False, repr=False)  # a linear layer's weight
+    kv_bytes: int = field(init=False, repr=False)  # one K or V element in the KV cache
     weight_bytes: int = field(init=False, repr=False)  # every parameter, summed over the GPUs
     gpu_kv_bytes_per_token: int = field(init=False, repr=False)  # K+V one GPU holds a token
     _compute_s_per_token: float = field(init=False, repr=False, compare=False)
@@ -125,6 +149,9 @@ class AnalyticCostModel:
         check_quantization("AnalyticCostModel", self.quantization, self.hardware.name,
                            self.hardware.peak_fp8_flops)
         self.linear_bytes = 1 if self.quantization == "fp8" else DTYPE_BYTES[self.dtype]
+        check_kv_cache_dtype(self.kv_cache_dtype, self.hardware.name,
+                             self.hardware.peak_fp8_flops)
+        self.kv_bytes = kv_element_bytes(self.kv_cache_dtype, self.dtype)
         if self.reserve_bytes is None:
             self.reserve_bytes = vllm_reserve_bytes(
                 self.model, ProfileShape(), DTYPE_BYTES[self.dtype], self.tensor_parallel,
@@ -247,6 +274,8 @@ class AnalyticCostModel:
         if kv_bytes < block_bytes:
             tp = self.tensor_parallel
             weights = f"{self.dtype}, fp8 weights" if self.quantization else self.dtype
+            if self.kv_cache_dtype != "auto":
+                weights += f", {self.kv_cache_dtype} KV"
             raise ValueError(
                 f"model {self.model.name} ({weights}) does not fit on {self.hardware.name} "
                 f"x {tp}: weights {self.rank_weight_bytes / GiB:.1f} GiB + reserve "

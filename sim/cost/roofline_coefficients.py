@@ -92,13 +92,14 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     dense_linear = spec.quantizable_params - spec.expert_params_total  # (of read_params)
     read_bytes = (read_params - dense_linear) * dtype_bytes + dense_linear * linear_bytes
     # Each GPU stores K/V for ceil(num_kv_heads / tp) heads: a slice of them while
-    # tp <= num_kv_heads, one replicated head beyond that (as vLLM does).
+    # tp <= num_kv_heads, one replicated head beyond that (as vLLM does), at the KV cache's
+    # element bytes (--kv-cache-dtype), which every KV write, read and swap moves.
     kv_heads_per_gpu = math.ceil(spec.num_kv_heads / tp)
     gpu_kv_bytes_per_token = (
-        spec.kv_bytes_per_token(dtype_bytes) // spec.num_kv_heads * kv_heads_per_gpu
+        spec.kv_bytes_per_token(cost.kv_bytes) // spec.num_kv_heads * kv_heads_per_gpu
     )
     if spec.is_mla:  # the latent is not split by head: every GPU holds it whole
-        gpu_kv_bytes_per_token = spec.kv_bytes_per_token(dtype_bytes)
+        gpu_kv_bytes_per_token = spec.kv_bytes_per_token(cost.kv_bytes)
     # QK^T and PV: 2 FLOPs per multiply-add, 2 matmuls, over every query head's head_dim.
     # A prefill chunk counts its full chunk x context rectangle although a causal kernel
     # skips about half of a first chunk's square; attention kernels also run below GEMM

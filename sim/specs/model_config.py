@@ -90,7 +90,7 @@ def load_config(path: Path) -> dict[str, Any]:
 
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec a Hugging Face config describes (text_config of a multimodal one)."""
-    quantization = _quantization(config.get("quantization_config"), name)
+    quantization, kv_cache_dtype = _quantization(config.get("quantization_config"), name)
     config = config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)
@@ -125,7 +125,7 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             hidden_act=str(config.get("hidden_act", "silu")),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),  # (Llama 4's L2 norm has no weights)
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
-            quantization=quantization,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype,
             **family,
         )
     except KeyError as missing:
@@ -153,25 +153,54 @@ def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> 
                                     "attention) is not supported by the cost model")
 
 
-def _quantization(quantized: Any, name: str) -> str | None:
-    """What a checkpoint's quantization_config means for the cost model: "fp8" for FP8
-    weights (quant_method fp8, or compressed-tensors with 8-bit float weights), as vLLM
-    loads them; any other scheme is refused by name, never priced as 16-bit weights."""
+def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
+    """What a checkpoint's quantization_config means, as vLLM loads it: the weights ("fp8"
+    for FP8 weights, per-tensor or in blocks (weight_block_size): quant_method fp8, a
+    ModelOpt FP8 checkpoint, or compressed-tensors with 8-bit float weights) and the KV
+    cache it turns on under --kv-cache-dtype auto (ModelOpt's kv_cache_quant_algo FP8 gives
+    fp8_e4m3, a compressed-tensors kv_cache_scheme of 8-bit floats fp8; quant_method fp8
+    has none). Any other scheme is refused by name, never priced as 16-bit weights."""
     if not quantized:
-        return None
+        return None, None
     method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
     if method == "fp8":
-        return "fp8"
+        return "fp8", None
+    if str(method).startswith("modelopt"):
+        inner = quantized.get("quantization") or quantized
+        if str(inner.get("quant_algo", "")).upper() == "FP8":
+            kv = inner.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+            return "fp8", _modelopt_kv(kv, name)
     if method == "compressed-tensors":
         groups = quantized.get("config_groups") or {}
         weights = [group.get("weights") or {} for group in groups.values()
                    if isinstance(group, dict)]
-        if weights and all(w.get("type") == "float" and w.get("num_bits") == 8
-                           for w in weights):
-            return "fp8"
+        if weights and all(_fp8_scheme(w) for w in weights):
+            kv = quantized.get("kv_cache_scheme")
+            if kv and not _fp8_scheme(kv):
+                raise UnsupportedModelError(f"{name}: quantization_config kv_cache_scheme "
+                                            f"{kv!r} is not priced; an FP8 KV cache is")
+            return "fp8", "fp8" if kv else None
     raise UnsupportedModelError(f"{name}: quantization_config (quant_method {method!r}) is "
-                                "not priced; FP8 weights are (quant_method fp8, or "
-                                "--quantization fp8 with the unquantized model's config)")
+                                "not priced; FP8 weights are (quant_method fp8, modelopt "
+                                "FP8, compressed-tensors FP8, or --quantization fp8 with the "
+                                "unquantized model's config)")
+
+
+def _fp8_scheme(scheme: Any) -> bool:
+    """A compressed-tensors tensor scheme of 8-bit floats."""
+    return isinstance(scheme, dict) and scheme.get("type") == "float" \
+        and scheme.get("num_bits") == 8
+
+
+def _modelopt_kv(kv: Any, name: str) -> str | None:
+    """The KV cache dtype a ModelOpt checkpoint's KV field gives (vLLM maps FP8 to
+    fp8_e4m3); None when it names none."""
+    if not kv:
+        return None
+    if (isinstance(kv, str) and kv.upper() == "FP8") or _fp8_scheme(kv):
+        return "fp8_e4m3"
+    raise UnsupportedModelError(f"{name}: quantization_config KV cache scheme {kv!r} is "
+                                "not priced; an FP8 KV cache is")
 
 
 def _latent_attention(config: dict[str, Any]) -> dict[str, int]:

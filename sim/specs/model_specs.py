@@ -61,6 +61,9 @@ class ModelSpec:
     # A checkpoint's own weight quantization (its config's quantization_config): "fp8", or
     # None for weights in the serving dtype. --quantization sets it for any checkpoint.
     quantization: str | None = None
+    # A checkpoint's own KV cache scheme, as vLLM's --kv-cache-dtype auto resolves it (one
+    # of sim.cost.roofline.KV_CACHE_DTYPES, e.g. fp8_e4m3), or None: the serving dtype.
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads",

@@ -7,8 +7,9 @@ tables are read with `git show REV:path`, so no checkout is needed. For every GP
 ships that the repository measured with vLLM, it writes one folder beside this script:
 
     <gpu>/gemm.parquet                  quant, m, n, k, latency_ms
-    <gpu>/context_attention.parquet     batch, seq, heads, kv_heads, head_dim, latency_ms
-    <gpu>/generation_attention.parquet  batch, kv_len, heads, kv_heads, head_dim, latency_ms
+    <gpu>/context_attention.parquet     kv, batch, seq, heads, kv_heads, head_dim, latency_ms
+    <gpu>/generation_attention.parquet  kv, batch, kv_len, heads, kv_heads, head_dim,
+                                        latency_ms
     <gpu>/moe.parquet                   quant, tokens, hidden, inter, experts, topk, tp, ep,
                                         latency_ms
     <gpu>/custom_all_reduce.parquet     num_gpus, message_bytes, latency_ms
@@ -114,37 +115,46 @@ def _gemm(frame: pd.DataFrame) -> pd.DataFrame:
     return out.groupby(["quant", "m", "n", "k"], as_index=False)["latency_ms"].min()
 
 
-def _attention_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows servelab can use: KV cache in the attention's own 16-bit dtype, no sliding
-    window, and one kernel: the GPU's most measured one (vLLM's default backend there)."""
-    keep = frame["kv_cache_dtype"] == frame["attn_dtype"]
+def _attention_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Rows servelab can use, labelled by KV cache (column `kv`: "auto" where the cache is
+    in the attention's own 16-bit dtype, "fp8" for an FP8 cache), no sliding window, and per
+    label one kernel: the GPU's most measured one (vLLM's default backend there)."""
     for column, value in (("window_size", 0), ("beam_width", 1)):  # older tables lack them
         if column in frame:
-            keep &= frame[column] == value
-    frame = frame[keep]
-    if "kernel_source" not in frame:
-        return frame, "unnamed"
-    kernel = frame["kernel_source"].value_counts().idxmax()
-    return frame[frame["kernel_source"] == kernel], kernel
+            frame = frame[frame[column] == value]
+    parts, kernels = [], {}
+    for kv, keep in (("auto", frame["kv_cache_dtype"] == frame["attn_dtype"]),
+                     ("fp8", frame["kv_cache_dtype"] == "fp8")):
+        part = frame[keep]
+        if part.empty:
+            continue
+        kernel = "unnamed"
+        if "kernel_source" in part:
+            kernel = part["kernel_source"].value_counts().idxmax()
+            part = part[part["kernel_source"] == kernel]
+        parts.append(part.assign(kv=kv))
+        kernels[kv] = kernel
+    return (pd.concat(parts) if parts else frame.iloc[:0].assign(kv="auto")), kernels
 
 
-def _context_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    frame, kernel = _attention_rows(frame)
-    out = pd.DataFrame({"batch": frame["batch_size"], "seq": frame["isl"],
+def _context_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    frame, kernels = _attention_rows(frame)
+    out = pd.DataFrame({"kv": frame["kv"], "batch": frame["batch_size"], "seq": frame["isl"],
                         "heads": frame["num_heads"], "kv_heads": frame["num_key_value_heads"],
                         "head_dim": frame["head_dim"], "latency_ms": frame["latency"]})
-    keys = ["batch", "seq", "heads", "kv_heads", "head_dim"]
-    return out.groupby(keys, as_index=False)["latency_ms"].median(), kernel
+    keys = ["kv", "batch", "seq", "heads", "kv_heads", "head_dim"]
+    return out.groupby(keys, as_index=False)["latency_ms"].median(), kernels
 
 
-def _generation_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def _generation_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     """Decode attention; a row's KV length is isl + step (isl 1, step 2^i - 1)."""
-    frame, kernel = _attention_rows(frame)
-    out = pd.DataFrame({"batch": frame["batch_size"], "kv_len": frame["isl"] + frame["step"],
+    frame, kernels = _attention_rows(frame)
+    out = pd.DataFrame({"kv": frame["kv"], "batch": frame["batch_size"],
+                        "kv_len": frame["isl"] + frame["step"],
                         "heads": frame["num_heads"], "kv_heads": frame["num_key_value_heads"],
                         "head_dim": frame["head_dim"], "latency_ms": frame["latency"]})
-    keys = ["batch", "kv_len", "heads", "kv_heads", "head_dim"]
-    return out.groupby(keys, as_index=False)["latency_ms"].median(), kernel
+    keys = ["kv", "batch", "kv_len", "heads", "kv_heads", "head_dim"]
+    return out.groupby(keys, as_index=False)["latency_ms"].median(), kernels
 
 
 def _moe(frame: pd.DataFrame) -> pd.DataFrame:
@@ -189,6 +199,21 @@ VLLM_TABLES = (
 )
 
 
+def _fill_from_donors(sources: dict[str, dict[str, str]], versions: dict[str, dict]) -> None:
+    """Donors fill what a version folder lacks: the whole table, or its missing quants."""
+    for version, entry in sources.items():
+        donor = entry.get("donor")
+        if donor is None or donor not in versions:
+            continue
+        if version not in versions:
+            versions[version] = dict(versions[donor], source_version=donor)
+        elif versions[version]["quants"] is not None:  # quants the folder has none of
+            missing = sorted(set(versions[donor]["quants"]) - set(versions[version]["quants"]))
+            if missing:
+                versions[version]["fill"] = {"source_version": donor, "quants": missing,
+                                             "path": versions[donor]["path"]}
+
+
 def _extract_vllm_table(mirror: Mirror, system: str, name: str, family: str, table: str,
                         reduce) -> tuple[pd.DataFrame | None, dict]:
     """One of our tables for one GPU, all vLLM versions stacked (source_version column),
@@ -200,33 +225,27 @@ def _extract_vllm_table(mirror: Mirror, system: str, name: str, family: str, tab
             continue
         raw, path = _read(mirror, system, family, "vllm", version, table)
         reduced = reduce(raw)
-        kernel = None
+        kernels: dict[str, str] = {}
         if isinstance(reduced, tuple):
-            reduced, kernel = reduced
+            reduced, kernels = reduced
         if reduced.empty:  # nothing servelab can use (other dtypes or distributions)
             continue
         reduced.insert(0, "source_version", version)
         frames.append(reduced)
-        versions[version] = {"source_version": version, "path": path, "kernel": kernel,
+        versions[version] = {"source_version": version, "path": path,
+                             "kernel": kernels.get("auto"),
                              "quants": sorted(reduced["quant"].unique())
                              if "quant" in reduced else None}
-    for version, entry in sources.items():  # donors fill what a folder lacks
-        donor = entry.get("donor")
-        if donor is None or donor not in versions:
-            continue
-        if version not in versions:
-            versions[version] = dict(versions[donor], source_version=donor)
-        elif versions[version]["quants"] is not None:  # quants the folder has none of
-            missing = sorted(set(versions[donor]["quants"]) - set(versions[version]["quants"]))
-            if missing:
-                versions[version]["fill"] = {"source_version": donor, "quants": missing,
-                                             "path": versions[donor]["path"]}
+        if kernels:  # attention: the KV cache dtypes measured, each with its kernel
+            versions[version]["kv_cache_dtypes"] = kernels
+    _fill_from_donors(sources, versions)
     if not frames:
         return None, {}
     out = pd.concat(frames, ignore_index=True)
     out["source_version"] = out["source_version"].astype("category")
-    if "quant" in out:
-        out["quant"] = out["quant"].astype("category")
+    for column in ("quant", "kv"):
+        if column in out:
+            out[column] = out[column].astype("category")
     return out, dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
 
 

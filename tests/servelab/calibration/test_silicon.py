@@ -64,6 +64,20 @@ def test_moe_row_takes_the_unified_tp_from_its_expert_layout():
     assert (plan.tensor_parallel, plan.expert_parallel) == (8, False)
 
 
+def test_kv_cache_is_the_generators_auto_for_fp8_and_16_bit_rows():
+    """The generator writes the estimate's KV mode as --kv-cache-dtype; the rows name GEMM
+    and MoE modes only and their checkpoints no KV scheme, so every row runs auto, and the
+    deployment resolves it to the 16-bit cache."""
+    llama = replace(DENSE, model="meta-llama/Llama-3.1-70B", precision="fp8",
+                    gemm_quant="fp8", moe_quant="fp8")
+    for row in (DENSE, llama):
+        plan = replay_plan(row)
+        assert plan.kv_cache_dtype == "auto"
+        deployment = row_deployment(row_model(row), plan)
+        assert deployment.kv_cache_dtype == "auto"
+        assert deployment.kv_bytes_per_token == deployment.model.kv_bytes_per_token(2)
+
+
 def test_batch_at_or_above_512_doubles_max_num_seqs():
     assert replay_plan(replace(DENSE, batch_size=511)).max_num_seqs == 512
     plan = replay_plan(replace(DENSE, batch_size=512))

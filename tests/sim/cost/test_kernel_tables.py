@@ -95,8 +95,24 @@ def test_generation_attention_kv_length_is_isl_plus_step():
                           "num_key_value_heads": [8], "head_dim": [128], "latency": [0.02],
                           "attn_dtype": ["bfloat16"], "kv_cache_dtype": ["bfloat16"],
                           "kernel_source": ["fa3"]})
-    out, kernel = extract._generation_attention(frame)
-    assert out["kv_len"].tolist() == [1024] and kernel == "fa3"
+    out, kernels = extract._generation_attention(frame)
+    assert out["kv_len"].tolist() == [1024] and kernels == {"auto": "fa3"}
+    assert out["kv"].tolist() == ["auto"]
+
+
+def test_attention_rows_keep_16_bit_and_fp8_kv_apart_each_with_its_kernel():
+    """A 16-bit row (auto), fp8-KV rows of the most measured fp8 kernel, nothing else."""
+    extract = _extract_module()
+    frame = pd.DataFrame({"batch_size": [8, 8, 16, 8, 8], "isl": [1] * 5, "step": [1023] * 5,
+                          "num_heads": [32] * 5, "num_key_value_heads": [8] * 5,
+                          "head_dim": [128] * 5, "latency": [0.02, 0.01, 0.04, 0.05, 0.03],
+                          "attn_dtype": ["bfloat16"] * 5,
+                          "kv_cache_dtype": ["bfloat16", "fp8", "fp8", "fp8", "float16"],
+                          "kernel_source": ["fa3", "fi", "fi", "triton", "fa3"]})
+    out, kernels = extract._generation_attention(frame)
+    assert kernels == {"auto": "fa3", "fp8": "fi"}
+    assert sorted(zip(out["kv"], out["batch"], out["latency_ms"], strict=True)) == [
+        ("auto", 8, 0.02), ("fp8", 8, 0.01), ("fp8", 16, 0.04)]
 
 
 # ---- a small fixture data set ------------------------------------------------------------

@@ -41,6 +41,7 @@ PUBLISHED_PARAMS = {
     "Qwen/Qwen3-30B-A3B": 30_532_122_624,
     "Qwen/Qwen3-30B-A3B-Instruct-2507": 30_532_122_624,
     "Qwen/Qwen3-235B-A22B": 235_093_634_560,
+    "Qwen/Qwen3-235B-A22B-FP8": 235_093_634_560,  # (the same weights, in one byte)
     # Qwen2-MoE, with a shared expert beside the routed ones (model cards: 14.3B, 57.4B).
     "Qwen/Qwen1.5-MoE-A2.7B": 14_300_000_000,
     "Qwen/Qwen2-57B-A14B": 57_400_000_000,
