@@ -22,7 +22,7 @@ from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
-from sim.specs.model_specs import ModelSpec
+from sim.specs.model_specs import ModelSpec, pricing_notes
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
 # --cost values: auto prices with vLLM's measured kernels where the GPU and version have
@@ -194,6 +194,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     if model.attention_chunk_size:  # (sim.specs.model_specs: an upper bound past one chunk)
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
+    pricing += "".join(f"; {note}" for note in pricing_notes(model))
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, ENGINE_DEFAULTS.max_model_len),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",

@@ -56,6 +56,12 @@ class KernelCostModel(GpuCostModel):
         if shapes.kv_lora_rank:
             raise KernelTableError(f"{shapes.name}: latent attention (MLA) is not priced "
                                    "from the kernel tables")
+        unmeasured = [what for what, there in (
+            ("sliding-window attention", shapes.num_sliding_layers),
+            (f"{shapes.expert_quantization} experts", shapes.expert_quantization)) if there]
+        if unmeasured:
+            raise KernelTableError(f"{shapes.name}: {' and '.join(unmeasured)} not priced "
+                                   "from the kernel tables")
         self.tables = tables
         self.notes: list[str] = []  # shapes priced from a neighbour, for the description
         quant = gemm_quant(quantization, dtype, tables.gemm_quants())

@@ -14,6 +14,7 @@ from sim.cost.roofline_coefficients import (
     check_parallel,
     coefficients,
     rank_weight_bytes,
+    windowed_sums,
 )
 from sim.engine.core import BatchPlan, Request, StepResult
 from sim.specs.engine_limits import kv_blocks
@@ -103,6 +104,9 @@ class AnalyticCostModel:
     _local_experts: int = field(init=False, repr=False, compare=False)
     _expert_read_s: float = field(init=False, repr=False, compare=False)
     _expert_token_scale: int = field(init=False, repr=False, compare=False)
+    # Sliding-window layers per full-attention layer, and their window (0: none).
+    _window_ratio: float = field(init=False, repr=False, compare=False)
+    _window: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -168,6 +172,9 @@ class AnalyticCostModel:
             return swap_s
         prefill_attn = plan.prefill_attn
         decode_context = plan.decode_context
+        kv_tokens = tokens
+        if self._window:  # sliding-window layers' windowed sums, in full-layer units
+            prefill_attn, decode_context, kv_tokens = windowed_sums(self, plan, tokens)
         sampled_rows = plan.prefill_seqs + decode_seqs
         compute_s = (
             self._compute_s_per_token * tokens
@@ -179,7 +186,7 @@ class AnalyticCostModel:
             weights_s += self.expert_weights_s(tokens)
         memory_s = (
             weights_s
-            + self._memory_s_per_kv_token * (tokens + decode_context)
+            + self._memory_s_per_kv_token * (kv_tokens + decode_context)
             + self._memory_s_per_prefill_pair * prefill_attn
         )
         # All-reduces wait on the layer before them and block the next: not overlapped.
@@ -198,6 +205,9 @@ class AnalyticCostModel:
         many steps at once, sim.engine.fast_forward_run)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
+        if self._window:  # windowed layers: predict's own terms, plan by plan
+            return [self.predict(BatchPlan(decode_seqs=rows, decode_context=ctx))
+                    for ctx in range(context, context + rows * num_steps, rows)]
         per_token = self._compute_s_per_token * rows
         per_sampled = self._compute_s_per_sampled_row * rows
         per_pair, weights_s = self._compute_s_per_attn_pair, self._memory_s_weights
