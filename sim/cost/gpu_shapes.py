@@ -54,6 +54,7 @@ class LayerShapes:
     # q and k normalised over all heads at once (MiniMax-M2): under tensor parallelism the
     # GPUs all-reduce each row's sums of squares before scaling.
     qk_norm_across_heads: bool = False
+    weight_block_size: int = 0  # FP8 weights' scale blocks (0: per-tensor scales)
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -97,7 +98,8 @@ class LayerShapes:
                    expert_quantization=spec.expert_quantization,
                    sliding_window=spec.sliding_window,
                    num_sliding_layers=spec.num_sliding_layers,
-                   qk_norm_across_heads=spec.qk_norm_across_heads)
+                   qk_norm_across_heads=spec.qk_norm_across_heads,
+                   weight_block_size=spec.weight_block_size)
 
 
 class GpuPeaks(Protocol):

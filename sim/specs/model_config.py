@@ -95,7 +95,7 @@ def load_config(path: Path) -> dict[str, Any]:
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec a Hugging Face config describes (text_config of a multimodal one)."""
     quantization = _quantization(config.get("quantization_config"), name)
-    config = config.get("text_config") or config
+    raw, config = config, config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -131,6 +131,7 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             qk_norm=model_type in ("qwen3", "qwen3_moe") or bool(config.get("use_qk_norm")),
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
             quantization=quantization,
+            weight_block_size=_weight_block_size(raw.get("quantization_config"), quantization),
             **family, **_gpt_oss(config, name, model_type), **_minimax(config, model_type),
         )
     except KeyError as missing:
@@ -222,6 +223,14 @@ def _quantization(quantized: Any, name: str) -> str | None:
                                 "not priced; FP8 weights are (quant_method fp8, or "
                                 "--quantization fp8 with the unquantized model's config), "
                                 "and MXFP4 experts (quant_method mxfp4)")
+
+
+def _weight_block_size(quantized: Any, quantization: str | None) -> int:
+    """The square block an FP8 checkpoint's weight scales cover (0: per-tensor)."""
+    if quantization != "fp8" or not isinstance(quantized, dict):
+        return 0
+    block = quantized.get("weight_block_size") or [0]
+    return int(block[0])
 
 
 def _latent_attention(config: dict[str, Any]) -> dict[str, int]:

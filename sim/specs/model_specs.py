@@ -68,6 +68,9 @@ class ModelSpec:
     # Routed experts' own weight format where it differs from the other linear layers'
     # (gpt-oss: "mxfp4", one of EXPERT_WEIGHT_BYTES); None: as the other linear layers.
     expert_quantization: str | None = None
+    # FP8 weights scaled per block of this many x this many (a checkpoint's
+    # weight_block_size: MiniMax-M2, DeepSeek-V3); 0: per-tensor scales.
+    weight_block_size: int = 0
     # Sliding-window attention (gpt-oss; 0: none): num_sliding_layers of the layers attend
     # to the last sliding_window positions only (their own included), the others to all.
     sliding_window: int = 0

@@ -145,3 +145,12 @@ def test_kernel_tables_name_what_they_do_not_price_for_gpt_oss():
     tables = KernelTables.load("h100")
     with pytest.raises(KernelTableError, match="sliding-window attention and mxfp4 experts"):
         kernel_cost_backend(resolve_model(GPT_OSS), hardware_spec("h100"), tables, 2)
+
+
+def test_minimax_block_fp8_reads_the_measured_block_scaled_moe():
+    spec = resolve_model(MINIMAX)
+    assert spec.weight_block_size == 128
+    deployment = build_deployment(DeploymentOptions(MINIMAX, "h100", tensor_parallel=4,
+                                                    expert_parallel=True, cost="auto"))
+    assert "vllm-kernels" in deployment.description
+    assert "block-scaled fp8 GEMMs and MoE (128 x 128" in deployment.description
