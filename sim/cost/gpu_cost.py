@@ -155,9 +155,6 @@ class GpuCostModel(LayerCost):
         tokens at the first and `rows` more at each next (same terms, same order)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
-        if self._window:  # windowed layers: predict itself, plan by plan
-            return [self.predict(BatchPlan(decode_seqs=rows, decode_context=ctx))
-                    for ctx in range(context, context + rows * num_steps, rows)]
         per_tokens = self._token_cache.get(rows)
         if per_tokens is None:
             per_tokens = self._token_cache[rows] = (self.layer_s(rows), self.embed_s(rows))
@@ -169,6 +166,10 @@ class GpuCostModel(LayerCost):
         floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
         overlapped = self._overlapped
         contexts = range(context, context + rows * num_steps, rows)
+        if self._window:  # the layers' mean KV read, as windowed_mean gives predict
+            share, bound = self._window_share, rows * self._window
+            contexts = [(1.0 - share) * ctx + share * (ctx if ctx < bound else bound)
+                        for ctx in contexts]
         if not self._kernel_s and overlapped:  # CUDA graphs, async host: the common case
             return [g if g > host_s else host_s
                     for g in (layers * (base + (floor + per_kv * ctx)) + embed + sample

@@ -205,9 +205,6 @@ class AnalyticCostModel:
         many steps at once, sim.engine.fast_forward_run)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
-        if self._window:  # windowed layers: predict's own terms, plan by plan
-            return [self.predict(BatchPlan(decode_seqs=rows, decode_context=ctx))
-                    for ctx in range(context, context + rows * num_steps, rows)]
         per_token = self._compute_s_per_token * rows
         per_sampled = self._compute_s_per_sampled_row * rows
         per_pair, weights_s = self._compute_s_per_attn_pair, self._memory_s_weights
@@ -217,9 +214,13 @@ class AnalyticCostModel:
         comm_s = (self._comm_s_per_token * rows + self._comm_s_per_sampled_row * rows
                   + self._comm_s_per_step)
         durations = []
+        kv_rows = rows * (1.0 + self._window_ratio) if self._window else rows
         for decode_context in range(context, context + rows * num_steps, rows):
+            if self._window:  # windowed_sums' decode terms, as predict takes them
+                decode_context += self._window_ratio * min(decode_context,
+                                                           rows * self._window)
             compute_s = per_token + per_pair * decode_context + per_sampled
-            memory_s = weights_s + per_kv * (rows + decode_context)
+            memory_s = weights_s + per_kv * (kv_rows + decode_context)
             durations.append((compute_s if compute_s > memory_s else memory_s) + comm_s
                              + overhead_s)
         return durations
