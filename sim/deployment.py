@@ -22,7 +22,8 @@ from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
-from sim.specs.model_specs import ModelSpec, pricing_notes
+from sim.specs.model_mechanisms import pricing_notes
+from sim.specs.model_specs import ModelSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
 # --cost values: auto prices with vLLM's measured kernels where the GPU and version have

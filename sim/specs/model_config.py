@@ -13,6 +13,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sim.specs.model_mechanisms import (
+    UnsupportedModelError,
+    check_sliding,
+    expert_quantization_of,
+    gpt_oss_fields,
+    minimax_fields,
+    weight_block_size,
+)
 from sim.specs.model_specs import MODEL_SPECS, ModelSpec, default_head_dim
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -39,10 +47,6 @@ _MECHANISM_FIELDS = (
     ("full_attention_interval", "hybrid linear attention", ()),
     ("attention_chunk_size", "chunked local attention", LLAMA4_TYPES),
 )
-
-
-class UnsupportedModelError(ValueError):
-    """A model config names a mechanism the cost model does not price."""
 
 
 def resolve_model(text: str) -> ModelSpec:
@@ -131,8 +135,9 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             qk_norm=model_type in ("qwen3", "qwen3_moe") or bool(config.get("use_qk_norm")),
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
             quantization=quantization,
-            weight_block_size=_weight_block_size(raw.get("quantization_config"), quantization),
-            **family, **_gpt_oss(config, name, model_type), **_minimax(config, model_type),
+            weight_block_size=weight_block_size(raw.get("quantization_config"), quantization),
+            **family, **gpt_oss_fields(config, name, model_type),
+            **minimax_fields(config, model_type),
         )
     except KeyError as missing:
         raise ValueError(f"{name}: config.json lacks {missing.args[0]}") from None
@@ -158,7 +163,7 @@ def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> 
         raise UnsupportedModelError(f"{name}: qk_norm_type {config['qk_norm_type']!r} is not "
                                     "priced; per_layer (q and k over all heads) is")
     if model_type in SLIDING_TYPES:
-        _check_sliding(config, name, layer_types)
+        check_sliding(config, name, layer_types)
         return
     window = config.get("sliding_window")
     uses_window = config.get("use_sliding_window", True)
@@ -168,49 +173,17 @@ def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> 
                                     "attention) is not supported by the cost model")
 
 
-def _check_sliding(config: dict[str, Any], name: str, layer_types: list[str]) -> None:
-    """A sliding-window model is priced with a window on as many layers as full attention
-    (sim.specs.model_specs.ModelSpec.kv_bytes_per_token), one per entry of layer_types."""
-    sliding = layer_types.count("sliding_attention")
-    if len(layer_types) != int(config.get("num_hidden_layers") or 0) or not config.get(
-            "sliding_window"):
-        raise UnsupportedModelError(f"{name}: sliding-window attention needs layer_types "
-                                    "for every layer and a sliding_window")
-    if sliding and 2 * sliding != len(layer_types):
-        raise UnsupportedModelError(f"{name}: layer_types with {sliding} sliding-window "
-                                    f"layers of {len(layer_types)}: only as many sliding as "
-                                    "full-attention layers are priced")
-
-
-# Modules an MXFP4 checkpoint must keep unquantized for its experts alone to be MXFP4 (the
-# names of gpt-oss's modules_to_not_convert): attention, router, embedding, lm_head.
-_MXFP4_KEPT = ("self_attn", "router", "embed_tokens", "lm_head")
-
-
-def _expert_quantization(quantized: Any, name: str) -> str | None:
-    """"mxfp4" for a checkpoint whose routed experts alone are MXFP4 (gpt-oss); None for
-    any other. MXFP4 on other modules is refused by name."""
-    if not isinstance(quantized, dict) or quantized.get("quant_method") != "mxfp4":
-        return None
-    kept = " ".join(quantized.get("modules_to_not_convert") or [])
-    missing = [module for module in _MXFP4_KEPT if module not in kept]
-    if missing:
-        raise UnsupportedModelError(f"{name}: quantization_config mxfp4 on {', '.join(missing)}"
-                                    " is not priced; MXFP4 routed experts are")
-    return "mxfp4"
-
-
 def _quantization(quantized: Any, name: str) -> str | None:
     """What a checkpoint's quantization_config means for the cost model's linear layers:
     "fp8" for FP8 weights (quant_method fp8, or compressed-tensors with 8-bit float
-    weights), as vLLM loads them; None for MXFP4 experts alone (_expert_quantization); any
+    weights), as vLLM loads them; None for MXFP4 experts alone (expert_quantization_of); any
     other scheme is refused by name, never priced as 16-bit weights."""
     if not quantized:
         return None
     method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
     if method == "fp8":
         return "fp8"
-    if _expert_quantization(quantized, name):
+    if expert_quantization_of(quantized, name):
         return None
     if method == "compressed-tensors":
         groups = quantized.get("config_groups") or {}
@@ -223,14 +196,6 @@ def _quantization(quantized: Any, name: str) -> str | None:
                                 "not priced; FP8 weights are (quant_method fp8, or "
                                 "--quantization fp8 with the unquantized model's config), "
                                 "and MXFP4 experts (quant_method mxfp4)")
-
-
-def _weight_block_size(quantized: Any, quantization: str | None) -> int:
-    """The square block an FP8 checkpoint's weight scales cover (0: per-tensor)."""
-    if quantization != "fp8" or not isinstance(quantized, dict):
-        return 0
-    block = quantized.get("weight_block_size") or [0]
-    return int(block[0])
 
 
 def _latent_attention(config: dict[str, Any]) -> dict[str, int]:
@@ -304,23 +269,3 @@ def _experts(config: dict[str, Any], layers: int) -> dict[str, int]:
                                                or 0),
         "num_dense_layers": len(dense),
     }
-
-
-def _gpt_oss(config: dict[str, Any], name: str, model_type: str | None) -> dict[str, Any]:
-    """gpt-oss's fields: MXFP4 experts, windowed layers, attention sinks, its biases."""
-    if model_type != "gpt_oss":
-        return {}
-    layer_types = config.get("layer_types") or []
-    sliding = layer_types.count("sliding_attention")
-    return {"expert_quantization": _expert_quantization(config.get("quantization_config"),
-                                                        name),
-            "sliding_window": int(config["sliding_window"]) if sliding else 0,
-            "num_sliding_layers": sliding, "attention_sinks": True, "o_bias": True,
-            "expert_bias": True}
-
-
-def _minimax(config: dict[str, Any], model_type: str | None) -> dict[str, Any]:
-    """MiniMax-M2's q/k norms over all heads at once (qk_norm_type per_layer)."""
-    if model_type != "minimax_m2" or not config.get("use_qk_norm"):
-        return {}
-    return {"qk_norm_across_heads": True}

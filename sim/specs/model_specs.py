@@ -256,25 +256,6 @@ class ModelSpec:
         return 2 * self.num_sliding_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
-def pricing_notes(spec: ModelSpec) -> list[str]:
-    """What the cost models approximate about `spec`'s mechanisms, for a deployment's line."""
-    notes = []
-    if spec.sliding_window:
-        notes.append(
-            f"{spec.num_sliding_layers} sliding-window layers ({spec.sliding_window} tokens) "
-            "read min(sum of contexts, rows x window) of KV and pair min(pairs, prefill tokens "
-            "x window) from a step's totals (exact once every row's context passes the "
-            "window); KV pool sized by the full-attention layers' bytes a token, each "
-            "sequence's window blocks not held")
-    if spec.attention_sinks:
-        notes.append("attention sinks (a learned logit a head) add negligible work: not priced")
-    if spec.expert_quantization:
-        notes.append(f"{spec.expert_quantization} experts weight-only: "
-                     f"{spec.expert_weight_bytes(2) * 8:g}-bit weights read, 16-bit GEMMs "
-                     "(vLLM's Hopper path; native fp4 tensor cores are not priced)")
-    return notes
-
-
 def default_head_dim(name: str, hidden_size: int, num_heads: int) -> int:
     """hidden_size // num_heads, the head width of a config that names none (0 when num_heads
     is not positive: the spec's own checks name that)."""
