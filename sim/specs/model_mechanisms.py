@@ -89,5 +89,6 @@ def pricing_notes(spec: ModelSpec) -> list[str]:
     if spec.expert_quantization:
         notes.append(f"{spec.expert_quantization} experts weight-only: "
                      f"{spec.expert_weight_bytes(2) * 8:g}-bit weights read, 16-bit GEMMs "
-                     "(vLLM's Hopper path; native fp4 tensor cores are not priced)")
+                     "(vLLM's Hopper path; on GPUs with fp4 tensor cores, B200 among them, "
+                     "extrapolated: no GPU file gives an fp4 peak)")
     return notes
