@@ -154,3 +154,12 @@ def test_minimax_block_fp8_reads_the_measured_block_scaled_moe():
                                                     expert_parallel=True, cost="auto"))
     assert "vllm-kernels" in deployment.description
     assert "block-scaled fp8 GEMMs and MoE (128 x 128" in deployment.description
+
+
+def test_minimax_q_k_norms_over_all_heads_all_reduce_under_tensor_parallel():
+    spec, h100 = resolve_model(MINIMAX), hardware_spec("h100")
+    per_head = replace(spec, qk_norm_across_heads=False)
+    tp4 = gpu_cost_backend(spec, h100, tensor_parallel=4, expert_parallel=4)
+    assert tp4.layer_s(64) > gpu_cost_backend(per_head, h100, 4, expert_parallel=4).layer_s(64)
+    assert tp4.kernels_per_layer() == gpu_cost_backend(
+        per_head, h100, 4, expert_parallel=4).kernels_per_layer() + 1
