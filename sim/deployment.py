@@ -22,6 +22,7 @@ from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
+from sim.specs.model_mechanisms import pricing_notes
 from sim.specs.model_specs import ModelSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
@@ -203,6 +204,7 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     if model.attention_chunk_size:  # (sim.specs.model_specs: an upper bound past one chunk)
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
+    pricing += "".join(f"; {note}" for note in pricing_notes(model))
     return Deployment(model, hardware, dtype, parallel, pool, priced,
                       min(model.max_position_embeddings, ENGINE_DEFAULTS.max_model_len),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",

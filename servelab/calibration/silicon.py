@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,8 +23,10 @@ from servelab.calibration.silicon_rows import (
     replay_plan,
 )
 from sim.cluster.closed_loop import ClosedLoop, run_closed_cluster, run_closed_trace
+from sim.cluster.dp_lockstep import run_lockstep
 from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig
+from sim.cost.gpu_cost import GpuCostModel
 from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler, SchedulerConfig
@@ -33,6 +35,7 @@ from sim.replay.metrics import request_table
 from sim.specs.model_config import (
     UnsupportedModelError,
     load_config,
+    resolve_model,
     shipped_configs,
     spec_from_config,
 )
@@ -78,6 +81,18 @@ def row_model(row: SiliconRow) -> str:
     return str(path)
 
 
+def _checkpoint_precision(row: SiliconRow, model: str) -> SiliconRow:
+    """The row as vLLM ran it: an fp4 row of a checkpoint whose experts are MXFP4 (gpt-oss,
+    labelled nvfp4 by the source) serves the checkpoint as it is, with no --quantization:
+    its experts MXFP4 weight-only on H100, the rest 16-bit. Any other row unchanged."""
+    if row.precision != "fp4":
+        return row
+    spec = resolve_model(model)
+    if spec.expert_quantization != "mxfp4" or spec.quantization:
+        return row  # replay_plan names the precision it does not price
+    return replace(row, precision="")
+
+
 def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE) -> Deployment:
     """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, with
     the cost model the deployment builds by default (`hardware`: a GPU preset or file)."""
@@ -118,11 +133,12 @@ def run_closed_loop(plan: ReplayPlan, deployment: Deployment) -> list[Request]:
     dp = plan.data_parallel
     if dp == 1:
         run_closed_trace(requests, Engine(Scheduler(config), backend), loop)
-    elif plan.expert_parallel:
-        # vLLM's DP ranks with EP step together (sim.cluster.dp_lockstep), which replays
-        # open-loop arrivals only.
-        raise RowRefused(f"data parallel {dp} with expert parallel: the lockstep replay "
-                         "has no closed loop")
+    elif plan.expert_parallel:  # vLLM's DP ranks with EP step together
+        if not isinstance(backend, GpuCostModel):
+            raise RowRefused(f"data parallel {dp} with expert parallel: the lockstep replay "
+                             f"needs the GPU cost model, not {type(backend).__name__}")
+        engines = [Engine(Scheduler(config), backend) for _ in range(dp)]
+        run_lockstep(requests, engines, backend, loop)
     else:
         engines = [Engine(Scheduler(config), backend) for _ in range(dp)]
         cluster = ClusterConfig(num_replicas=dp, router=RouterConfig("least-requests"))
@@ -150,7 +166,7 @@ def simulate_row(row: SiliconRow, rounds: int = MEASURED_ROUNDS,
     preset or file), or refused with the reason."""
     try:
         model = row_model(row)  # the model's reason first: it outlasts a precision's
-        plan = replay_plan(row, rounds)
+        plan = replay_plan(_checkpoint_precision(row, model), rounds)
         requests = run_closed_loop(plan, row_deployment(model, plan, hardware))
         ttft_ms, tpot_ms = measured_means(requests)
     except RowRefused as refusal:

@@ -2,13 +2,17 @@
 parallelism: every MoE layer all-gathers the ranks' tokens, so a step starts on every rank
 at once and lasts as long as the slowest rank's; a rank with nothing to do runs a dummy
 batch of one token to take part. Requests go to the rank with the least
-4 x waiting + running, as vLLM's data-parallel front end picks.
+4 x waiting + running, as vLLM's data-parallel front end picks. Arrivals come from the
+requests' times, or from a closed loop (sim.cluster.closed_loop.ClosedLoop) that releases a
+request when the answer it waits for has finished.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
+from sim.cluster.closed_loop import ClosedLoop
 from sim.cost.gpu_cost import GpuCostModel
 from sim.engine.core import BatchPlan, Request, StepResult
 from sim.engine.step import Engine
@@ -29,27 +33,71 @@ def group_step_s(model: GpuCostModel, plans: Sequence[BatchPlan | None]) -> floa
                for p, n in zip(plans, tokens, strict=True))
 
 
+class _Arrivals:
+    """Requests in release order: the trace's times, or the loop's releases as answers end."""
+
+    def __init__(self, requests: Sequence[Request], loop: ClosedLoop | None) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, Request]] = []  # (arrival_s, order, request)
+        self.order = 0
+        started = (loop.start() if loop is not None
+                   else [(request.arrival_s, request) for request in requests])
+        for at_s, request in started:
+            self.release(at_s, request)
+
+    def release(self, at_s: float, request: Request) -> None:
+        if self.loop is not None:
+            self.loop.released(request, at_s)
+        heapq.heappush(self.heap, (at_s, self.order, request))
+        self.order += 1
+
+    def answered(self, request: Request, at_s: float) -> None:
+        """`request` ended at `at_s`: release what waited for it (closed loop only)."""
+        released = self.loop.finished(request, at_s) if self.loop is not None else None
+        if released is not None:
+            self.release(*released)
+
+    def next_s(self) -> float | None:
+        return self.heap[0][0] if self.heap else None
+
+    def due(self, now: float) -> list[Request]:
+        """The requests released by `now`, in release order."""
+        out = []
+        while self.heap and self.heap[0][0] <= now:
+            out.append(heapq.heappop(self.heap)[2])
+        return out
+
+
 def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
-                 model: GpuCostModel) -> RunResult:
-    """Replay requests (sorted by arrival_s) over data-parallel ranks stepping together."""
-    pending, arrived, now = list(requests), 0, 0.0
-    while True:
-        while arrived < len(pending) and pending[arrived].arrival_s <= now:
-            _least_loaded(engines).add(pending[arrived])
-            arrived += 1
-        plans = [engine.schedule(now) for engine in engines]
-        if all(plan is None for plan in plans):
-            if arrived == len(pending):
-                if any(e.scheduler.has_unfinished for e in engines):
-                    raise StalledError(f"t={now:.3f}s: queued requests, none admissible")
-                break
-            now = max(now, pending[arrived].arrival_s)
-            continue
-        result = StepResult(duration_s=group_step_s(model, plans))
-        for engine, plan in zip(engines, plans, strict=True):
-            if plan is not None:
-                engine.finish_step(plan, result, now)
-        now += result.duration_s
+                 model: GpuCostModel, loop: ClosedLoop | None = None) -> RunResult:
+    """Replay requests over data-parallel ranks stepping together: at their arrival_s, or
+    as `loop` releases them."""
+    arrivals, now = _Arrivals(requests, loop), 0.0
+    try:
+        while True:
+            for request in arrivals.due(now):
+                if not _least_loaded(engines).add(request):  # rejected: what waited goes
+                    arrivals.answered(request, now)
+            plans = [engine.schedule(now) for engine in engines]
+            if all(plan is None for plan in plans):
+                next_s = arrivals.next_s()
+                if next_s is None:
+                    if any(e.scheduler.has_unfinished for e in engines):
+                        raise StalledError(f"t={now:.3f}s: queued requests, none admissible")
+                    break
+                now = max(now, next_s)
+                continue
+            result = StepResult(duration_s=group_step_s(model, plans))
+            for engine, plan in zip(engines, plans, strict=True):
+                if plan is not None:
+                    for request in engine.finish_step(plan, result, now):
+                        end_s = request.finish_s
+                        arrivals.answered(request, now + result.duration_s if end_s is None
+                                          else end_s)
+            now += result.duration_s
+    finally:
+        if loop is not None:
+            loop.restore_unreleased()
     config = engines[0].scheduler.config
     return RunResult(list(requests), StepLog.concat(e.steps for e in engines),
                      sum(e.scheduler.num_preemptions for e in engines), config.num_blocks,

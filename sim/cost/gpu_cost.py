@@ -63,6 +63,13 @@ class GpuCostModel(LayerCost):
         self._mla = s.kv_lora_rank > 0
         if self._mla:
             self._latent_attention(peaks, kv_bytes)
+        # Sliding-window layers (gpt-oss): their share of the layers, and the window. The
+        # KV pool (and a swap) holds the full-attention layers' K and V a token
+        # (sim.specs.model_specs.ModelSpec.kv_bytes_per_token).
+        self._window = s.sliding_window
+        self._window_share = s.num_sliding_layers / layers
+        if self._window:
+            self._swap_s_per_token *= 1.0 - self._window_share
         self._prefill_floor_s = t.attn_prefill_floor_s
         self._decode_floor_s = t.attn_decode_floor_s
         self._overlapped = engine.overlapped
@@ -116,13 +123,16 @@ class GpuCostModel(LayerCost):
         if per_rows is None:
             per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
         layer, host = per_tokens[0], self._host_layer_s
+        pairs, context = plan.prefill_attn_causal, plan.decode_context
+        if self._window:  # the layers' mean over full and sliding-window attention
+            pairs, context = self.windowed_mean(plan)
         if plan.prefill_tokens:
-            layer += self._prefill_floor_s + self._s_per_prefill_pair * plan.prefill_attn_causal
+            layer += self._prefill_floor_s + self._s_per_prefill_pair * pairs
             host += self._kernel_s
             if self._mla:  # the chunks' cached context, up-projected to K and V to attend
                 layer += self.context_s(plan)
         if decode_seqs:
-            kv_s = self._s_per_decode_kv * plan.decode_context
+            kv_s = self._s_per_decode_kv * context
             if plan.prefill_tokens:  # one varlen kernel: decode rows lose their GQA sharing
                 kv_s *= self.terms.mixed_decode_factor(
                     decode_seqs, plan.decode_context / decode_seqs, self._group)
@@ -135,6 +145,16 @@ class GpuCostModel(LayerCost):
         if self._overlapped:  # the host's step work runs beside the GPU's
             return gpu_s if gpu_s > per_rows[1] else per_rows[1]
         return gpu_s + per_rows[1]
+
+    def windowed_mean(self, plan: BatchPlan) -> tuple[float, float]:
+        """The plan's causal prefill pairs and decode KV tokens averaged over the layers, a
+        sliding-window layer's bounded by the window from the plan's totals: min(pairs,
+        prefill tokens x window), min(sum of contexts, rows x window). Exact when every
+        row's context reaches past the window; an upper bound below it."""
+        share, window = self._window_share, self._window
+        pairs, context = plan.prefill_attn_causal, plan.decode_context
+        return ((1.0 - share) * pairs + share * min(pairs, plan.prefill_tokens * window),
+                (1.0 - share) * context + share * min(context, plan.decode_seqs * window))
 
     def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
         """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
@@ -152,6 +172,10 @@ class GpuCostModel(LayerCost):
         floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
         overlapped = self._overlapped
         contexts = range(context, context + rows * num_steps, rows)
+        if self._window:  # the layers' mean KV read, as windowed_mean gives predict
+            share, bound = self._window_share, rows * self._window
+            contexts = [(1.0 - share) * ctx + share * (ctx if ctx < bound else bound)
+                        for ctx in contexts]
         if not self._kernel_s and overlapped:  # CUDA graphs, async host: the common case
             return [g if g > host_s else host_s
                     for g in (layers * (base + (floor + per_kv * ctx)) + embed + sample

@@ -5,7 +5,8 @@ bandwidth x eff_memory(rows) (sim.cost.gpu_terms, fitted on operator profiles): 
 (DeepSeek's latent ones included), the dense MLP or the MoE layer (routed experts by tokens
 per expert, router, shared expert, the data-parallel ranks' exchange), norms, RoPE and
 residual adds, the row-parallel all-reduces; the embedding, LM head and sampler. Linear
-layers are quantized with the model (FP8), the LM head and router are not. Attention, the
+layers are quantized with the model (FP8), the LM head and router are not; MXFP4 experts
+(gpt-oss) read 4.25-bit weights into 16-bit GEMMs. Attention, the
 engine's host time and how a step adds these up are sim.cost.gpu_cost's.
 """
 
@@ -17,6 +18,7 @@ from sim.cost.gpu_terms import gemm_s as _gemm_s
 from sim.cost.gpu_terms import small_op_s as _small_op_s
 from sim.cost.roofline import check_quantization
 from sim.engine.core import BatchPlan
+from sim.specs.model_specs import EXPERT_WEIGHT_BYTES
 
 
 class LayerCost:
@@ -50,6 +52,11 @@ class LayerCost:
         self.dtype_bytes, self.quantization = dtype_bytes, quantization
         self._linear_bytes = 1 if quantization else dtype_bytes
         self._linear_peak = peaks.peak_fp8_flops if quantization else None
+        # Experts in a format of their own (MXFP4) run weight-only, as vLLM runs them on
+        # Hopper: their packed weights read, widened in the kernel, 16-bit GEMMs.
+        self._expert_bytes = EXPERT_WEIGHT_BYTES.get(shapes.expert_quantization or "",
+                                                     self._linear_bytes)
+        self._expert_peak = None if shapes.expert_quantization else self._linear_peak
         self._kernel_s = kernel_s
         self._q_dim = shapes.num_heads // tensor_parallel * shapes.head_dim
         # K and V heads on this GPU (replicated beyond num_kv_heads GPUs).
@@ -81,6 +88,7 @@ class LayerCost:
         if s.shared_expert_intermediate_size:  # its up, act, down (gate, gated add)
             count += 5 if s.shared_expert_gate else 3
         count += 2 if tp > 1 else 0  # the two all-reduces
+        count += 1 if tp > 1 and s.qk_norm_across_heads else 0  # the q/k norms' sums
         if not s.fused_add_norm:  # separate residual adds, and biases added after the
             count += 2 + (2 if tp > 1 else 0)  # row-parallel all-reduces
         return count + (1 if self.data_parallel > 1 else 0)  # the ranks' token exchange
@@ -111,6 +119,8 @@ class LayerCost:
             out += self._small(2 * tokens * (q_dim + kv_dim) * b)
         if s.qk_norm:
             out += self._small(2 * tokens * (q_dim + kv_dim) * b)
+        if s.qk_norm_across_heads and self.tensor_parallel > 1:  # q's and k's fp32 sums
+            out += self.terms.allreduce_s(2 * tokens * 4, self.tensor_parallel)
         return out
 
     def context_s(self, plan: BatchPlan) -> float:
@@ -195,7 +205,7 @@ class LayerCost:
         slots = group * k / ep
         active = experts / ep * (1.0 - (1.0 - k / experts) ** group)
         experts_s = moe_experts_s(t, self.peaks, slots, active, h, inter, b,
-                                  self._linear_bytes, self._linear_peak)
+                                  self._expert_bytes, self._expert_peak)
         if self.quantization:  # the routed tokens, then their activations, quantized
             experts_s += self._quantize(slots * h) + self._quantize(slots * inter)
         router_s = self._gemm(tokens, h, experts)

@@ -46,6 +46,15 @@ class LayerShapes:
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Routed experts' own weight format (gpt-oss: "mxfp4", ModelSpec.expert_quantization).
+    expert_quantization: str | None = None
+    # Layers attending to the last sliding_window positions only (gpt-oss; 0: none).
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    # q and k normalised over all heads at once (MiniMax-M2): under tensor parallelism the
+    # GPUs all-reduce each row's sums of squares before scaling.
+    qk_norm_across_heads: bool = False
+    weight_block_size: int = 0  # FP8 weights' scale blocks (0: per-tensor scales)
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -85,7 +94,12 @@ class LayerShapes:
                    num_dense_layers=spec.num_dense_layers,
                    shared_expert_gate=spec.shared_expert_gate,
                    kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank,
-                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim)
+                   qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+                   expert_quantization=spec.expert_quantization,
+                   sliding_window=spec.sliding_window,
+                   num_sliding_layers=spec.num_sliding_layers,
+                   qk_norm_across_heads=spec.qk_norm_across_heads,
+                   weight_block_size=spec.weight_block_size)
 
 
 class GpuPeaks(Protocol):

@@ -58,9 +58,16 @@ class KernelCostModel(GpuCostModel):
         if shapes.kv_lora_rank:
             raise KernelTableError(f"{shapes.name}: latent attention (MLA) is not priced "
                                    "from the kernel tables")
+        unmeasured = [what for what, there in (
+            ("sliding-window attention", shapes.num_sliding_layers),
+            (f"{shapes.expert_quantization} experts", shapes.expert_quantization)) if there]
+        if unmeasured:
+            raise KernelTableError(f"{shapes.name}: {' and '.join(unmeasured)} not priced "
+                                   "from the kernel tables")
         self.tables = tables
         self.notes: list[str] = []  # shapes priced from a neighbour, for the description
-        quant = gemm_quant(quantization, dtype, tables.gemm_quants())
+        quant = self._block_fp8(quantization) or gemm_quant(quantization, dtype,
+                                                            tables.gemm_quants())
         base = gemm_quant(None, dtype, tables.gemm_quants())  # lm_head and router: 16-bit
         s, tp, h = shapes, tensor_parallel, shapes.hidden_size
         self._qkv = tables.gemm(quant, self._q_dim + 2 * self._kv_dim, h)
@@ -101,6 +108,16 @@ class KernelCostModel(GpuCostModel):
                               "(extrapolated)")
         elif kv != "auto":
             self.notes.append(f"{kv_cache_dtype} KV cache: attention from the FP8-KV tables")
+
+    def _block_fp8(self, quantization: str | None) -> str | None:
+        """"fp8_block" for an FP8 checkpoint with block scales where the tables measure
+        those kernels (vLLM runs its block-scaled GEMMs and MoE), else None."""
+        if (quantization != "fp8" or not self.shapes.weight_block_size
+                or "fp8_block" not in self.tables.gemm_quants()):
+            return None
+        block = self.shapes.weight_block_size
+        self.notes.append(f"block-scaled fp8 GEMMs and MoE ({block} x {block} weight blocks)")
+        return "fp8_block"
 
     def _mlp_curves(self, quant: str, base: str) -> None:
         """The dense MLP's GEMMs; an MoE layer's fused experts, router (16-bit), shared

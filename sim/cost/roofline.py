@@ -14,6 +14,7 @@ from sim.cost.roofline_coefficients import (
     check_parallel,
     coefficients,
     rank_weight_bytes,
+    windowed_sums,
 )
 from sim.engine.core import BatchPlan, Request, StepResult
 from sim.specs.engine_limits import kv_blocks
@@ -127,6 +128,9 @@ class AnalyticCostModel:
     _local_experts: int = field(init=False, repr=False, compare=False)
     _expert_read_s: float = field(init=False, repr=False, compare=False)
     _expert_token_scale: int = field(init=False, repr=False, compare=False)
+    # Sliding-window layers per full-attention layer, and their window (0: none).
+    _window_ratio: float = field(init=False, repr=False, compare=False)
+    _window: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -195,6 +199,9 @@ class AnalyticCostModel:
             return swap_s
         prefill_attn = plan.prefill_attn
         decode_context = plan.decode_context
+        kv_tokens = tokens
+        if self._window:  # sliding-window layers' windowed sums, in full-layer units
+            prefill_attn, decode_context, kv_tokens = windowed_sums(self, plan, tokens)
         sampled_rows = plan.prefill_seqs + decode_seqs
         compute_s = (
             self._compute_s_per_token * tokens
@@ -206,7 +213,7 @@ class AnalyticCostModel:
             weights_s += self.expert_weights_s(tokens)
         memory_s = (
             weights_s
-            + self._memory_s_per_kv_token * (tokens + decode_context)
+            + self._memory_s_per_kv_token * (kv_tokens + decode_context)
             + self._memory_s_per_prefill_pair * prefill_attn
         )
         # All-reduces wait on the layer before them and block the next: not overlapped.
@@ -234,9 +241,13 @@ class AnalyticCostModel:
         comm_s = (self._comm_s_per_token * rows + self._comm_s_per_sampled_row * rows
                   + self._comm_s_per_step)
         durations = []
+        kv_rows = rows * (1.0 + self._window_ratio) if self._window else rows
         for decode_context in range(context, context + rows * num_steps, rows):
+            if self._window:  # windowed_sums' decode terms, as predict takes them
+                decode_context += self._window_ratio * min(decode_context,
+                                                           rows * self._window)
             compute_s = per_token + per_pair * decode_context + per_sampled
-            memory_s = weights_s + per_kv * (rows + decode_context)
+            memory_s = weights_s + per_kv * (kv_rows + decode_context)
             durations.append((compute_s if compute_s > memory_s else memory_s) + comm_s
                              + overhead_s)
         return durations

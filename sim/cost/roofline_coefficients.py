@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sim.cost.roofline import AnalyticCostModel
+    from sim.engine.core import BatchPlan
     from sim.specs.hardware import HardwareSpec
     from sim.specs.model_specs import ModelSpec
 
@@ -64,9 +65,9 @@ def rank_weight_bytes(cost: AnalyticCostModel) -> int:
     experts = spec.expert_params_total
     expert_shards = cost.tensor_parallel * (cost.data_parallel if cost.expert_parallel else 1)
     dense = spec.num_params - experts
-    if cost.linear_bytes == cost.dtype_bytes:
+    if cost.linear_bytes == cost.dtype_bytes and spec.expert_quantization is None:
         return (dense // cost.tensor_parallel + experts // expert_shards) * cost.dtype_bytes
-    expert_bytes = experts * cost.linear_bytes
+    expert_bytes = int(experts * spec.expert_weight_bytes(cost.linear_bytes))
     dense_bytes = spec.weight_bytes(cost.dtype_bytes, cost.linear_bytes) - expert_bytes
     return dense_bytes // cost.tensor_parallel + expert_bytes // expert_shards
 
@@ -106,7 +107,10 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
     # efficiency (FlashAttention-2 forward ~50-70% of peak), and the two roughly cancel.
     # (MLA: queries and keys of head_dim, values of v_head_dim, as its prefill runs them.)
     value_dim = spec.v_head_dim if spec.is_mla else spec.head_dim
-    attn_flops_per_pair = 2 * spec.num_layers * spec.num_heads * (spec.head_dim + value_dim)
+    # (Per full-attention layer; sliding-window layers add their windowed pairs, in the
+    # same units, through windowed_sums.)
+    attn_flops_per_pair = (2 * spec.num_full_attention_layers * spec.num_heads
+                           * (spec.head_dim + value_dim))
     # The tp GPUs run in lockstep, each on its 1/tp of the FLOPs and weight bytes, so a
     # step takes one GPU's time (norm weights, replicated on every GPU, are < 0.01%).
     return {
@@ -122,13 +126,37 @@ def coefficients(cost: AnalyticCostModel, dtype_bytes: int) -> dict[str, float |
         "_memory_s_per_kv_token": gpu_kv_bytes_per_token / bytes_s,
         "_memory_s_per_prefill_pair": gpu_kv_bytes_per_token / ATTN_QUERY_TILE_ROWS / bytes_s,
         **_comm_coefficients(cost, dtype_bytes),
-        **_expert_coefficients(cost, linear_bytes, bytes_s),
+        **_expert_coefficients(cost, spec.expert_weight_bytes(linear_bytes), bytes_s),
         # Each GPU moves its own share of a token's KV over its own PCIe link, in parallel.
         "_swap_s_per_token": gpu_kv_bytes_per_token / cost.hardware.host_link_bytes_s,
+        **_window_coefficients(spec),
     }
 
 
-def _expert_coefficients(cost: AnalyticCostModel, dtype_bytes: int,
+def _window_coefficients(spec: ModelSpec) -> dict[str, float | int]:
+    """Sliding-window layers per full-attention layer (their K/V heads alike), and the
+    window: windowed_sums adds their attention to the full layers' sums."""
+    return {"_window_ratio": spec.num_sliding_layers / spec.num_full_attention_layers,
+            "_window": spec.sliding_window}
+
+
+def windowed_sums(cost: AnalyticCostModel, plan: BatchPlan,
+                  tokens: int) -> tuple[float, float, float]:
+    """A plan's prefill pairs, decode KV tokens and KV tokens written, in full-attention
+    layer units with the sliding-window layers added: a sliding layer reads at most
+    `window` tokens a row and pairs at most `window` keys with a query. From the plan's
+    totals: min(sum of contexts, rows x window) for decodes and min(pairs, prefill tokens
+    x window) for prefill, exact when every row's context reaches past the window (an
+    upper bound below it)."""
+    ratio, window = cost._window_ratio, cost._window
+    prefill = plan.prefill_attn
+    decode = plan.decode_context
+    return (prefill + ratio * min(prefill, plan.prefill_tokens * window),
+            decode + ratio * min(decode, plan.decode_seqs * window),
+            tokens * (1.0 + ratio))
+
+
+def _expert_coefficients(cost: AnalyticCostModel, dtype_bytes: float,
                          bytes_s: float) -> dict[str, float | int]:
     """What expert_weights_s needs: experts one GPU holds, and seconds to read each
     (dtype_bytes: an expert weight's bytes)."""

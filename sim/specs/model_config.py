@@ -13,16 +13,28 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sim.specs.model_mechanisms import (
+    UnsupportedModelError,
+    check_sliding,
+    expert_quantization_of,
+    gpt_oss_fields,
+    minimax_fields,
+    weight_block_size,
+)
 from sim.specs.model_specs import MODEL_SPECS, ModelSpec, default_head_dim
 
 MODELS_DIR = Path(__file__).parent / "models"
 
 # model_type values whose layers are priced: decoder blocks of RoPE attention with GQA (or
-# DeepSeek's latent attention) and a gated MLP, or that MLP replaced by routed experts.
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "llama", "llama4",
-                         "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_moe", "yi")
+# DeepSeek's latent attention, or gpt-oss's alternating sliding-window and full attention)
+# and a gated MLP, or that MLP replaced by routed experts.
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "gpt_oss", "kimi_k2", "llama", "llama4",
+                         "llama4_text", "minimax_m2", "mistral", "mixtral", "qwen2", "qwen2_moe",
+                         "qwen3", "qwen3_moe", "yi")
 LLAMA4_TYPES = ("llama4", "llama4_text")
+# Sliding-window layers named by layer_types, as many as full-attention ones (the grouping
+# vLLM's hybrid KV cache manager pages exactly as sim.specs.model_specs sizes it).
+SLIDING_TYPES = ("gpt_oss",)
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")  # multi-head latent attention
 
 # Fields whose presence (with a value that turns the mechanism on) names a mechanism the
@@ -35,10 +47,6 @@ _MECHANISM_FIELDS = (
     ("full_attention_interval", "hybrid linear attention", ()),
     ("attention_chunk_size", "chunked local attention", LLAMA4_TYPES),
 )
-
-
-class UnsupportedModelError(ValueError):
-    """A model config names a mechanism the cost model does not price."""
 
 
 def resolve_model(text: str) -> ModelSpec:
@@ -91,7 +99,7 @@ def load_config(path: Path) -> dict[str, Any]:
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec a Hugging Face config describes (text_config of a multimodal one)."""
     quantization, kv_cache_dtype = _quantization(config.get("quantization_config"), name)
-    config = config.get("text_config") or config
+    raw, config = config, config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -123,10 +131,13 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             head_dim=family.pop("head_dim", int(config.get("head_dim") or 0))
             or default_head_dim(name, int(config["hidden_size"]), heads),
             hidden_act=str(config.get("hidden_act", "silu")),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),  # (Llama 4's L2 norm has no weights)
+            # (Llama 4's L2 norm has no weights; MiniMax-M2 norms q and k over all heads)
+            qk_norm=model_type in ("qwen3", "qwen3_moe") or bool(config.get("use_qk_norm")),
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
             quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-            **family,
+            weight_block_size=weight_block_size(raw.get("quantization_config"), quantization),
+            **family, **gpt_oss_fields(config, name, model_type),
+            **minimax_fields(config, model_type),
         )
     except KeyError as missing:
         raise ValueError(f"{name}: config.json lacks {missing.args[0]}") from None
@@ -141,10 +152,19 @@ def _check_priced(config: dict[str, Any], name: str, model_type: str | None) -> 
             raise UnsupportedModelError(f"{name}: {key} ({mechanism}) is not supported by "
                                         "the cost model")
     layer_types = config.get("layer_types") or []
-    other = sorted({t for t in layer_types if t != "full_attention"})
+    priced = ("full_attention", "sliding_attention") if model_type in SLIDING_TYPES else (
+        "full_attention",)
+    other = sorted({t for t in layer_types if t not in priced})
     if other:
         raise UnsupportedModelError(f"{name}: layer_types {other} (attention other than full) "
                                     "is not supported by the cost model")
+    if (model_type == "minimax_m2" and config.get("use_qk_norm")
+            and config.get("qk_norm_type", "per_layer") != "per_layer"):
+        raise UnsupportedModelError(f"{name}: qk_norm_type {config['qk_norm_type']!r} is not "
+                                    "priced; per_layer (q and k over all heads) is")
+    if model_type in SLIDING_TYPES:
+        check_sliding(config, name, layer_types)
+        return
     window = config.get("sliding_window")
     uses_window = config.get("use_sliding_window", True)
     max_pos = config.get("max_position_embeddings") or 0
@@ -159,7 +179,9 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
     ModelOpt FP8 checkpoint, or compressed-tensors with 8-bit float weights) and the KV
     cache it turns on under --kv-cache-dtype auto (ModelOpt's kv_cache_quant_algo FP8 gives
     fp8_e4m3, a compressed-tensors kv_cache_scheme of 8-bit floats fp8; quant_method fp8
-    has none). Any other scheme is refused by name, never priced as 16-bit weights."""
+    has none). MXFP4 experts alone (expert_quantization_of) leave the other linear
+    layers in the serving dtype. Any other scheme is refused by name, never priced as 16-bit
+    weights."""
     if not quantized:
         return None, None
     method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
@@ -170,6 +192,8 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
         if str(inner.get("quant_algo", "")).upper() == "FP8":
             kv = inner.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
             return "fp8", _modelopt_kv(kv, name)
+    if expert_quantization_of(quantized, name):
+        return None, None
     if method == "compressed-tensors":
         groups = quantized.get("config_groups") or {}
         weights = [group.get("weights") or {} for group in groups.values()
@@ -183,7 +207,8 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
     raise UnsupportedModelError(f"{name}: quantization_config (quant_method {method!r}) is "
                                 "not priced; FP8 weights are (quant_method fp8, modelopt "
                                 "FP8, compressed-tensors FP8, or --quantization fp8 with the "
-                                "unquantized model's config)")
+                                "unquantized model's config), and MXFP4 experts "
+                                "(quant_method mxfp4)")
 
 
 def _fp8_scheme(scheme: Any) -> bool:

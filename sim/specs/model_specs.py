@@ -11,6 +11,10 @@ from dataclasses import dataclass
 # Activations of a gated MLP (gate, up and down projections: three matrices); any other
 # activation is a plain two-matrix MLP.
 GATED_ACTIVATIONS = ("silu", "swiglu", "gelu_pytorch_tanh_gated")
+# Expert quantizations a checkpoint may carry apart from its other linear layers, and the
+# bytes one expert weight takes in each. MXFP4 (OCP microscaling): 4-bit values in blocks of
+# 32 sharing one 8-bit scale, 4 + 8 / 32 = 4.25 bits a weight.
+EXPERT_WEIGHT_BYTES: dict[str, float] = {"mxfp4": 4.25 / 8}
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,25 @@ class ModelSpec:
     # A checkpoint's own KV cache scheme, as vLLM's --kv-cache-dtype auto resolves it (one
     # of sim.cost.roofline.KV_CACHE_DTYPES, e.g. fp8_e4m3), or None: the serving dtype.
     kv_cache_dtype: str | None = None
+    # Routed experts' own weight format where it differs from the other linear layers'
+    # (gpt-oss: "mxfp4", one of EXPERT_WEIGHT_BYTES); None: as the other linear layers.
+    expert_quantization: str | None = None
+    # FP8 weights scaled per block of this many x this many (a checkpoint's
+    # weight_block_size: MiniMax-M2, DeepSeek-V3); 0: per-tensor scales.
+    weight_block_size: int = 0
+    # Sliding-window attention (gpt-oss; 0: none): num_sliding_layers of the layers attend
+    # to the last sliding_window positions only (their own included), the others to all.
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    # gpt-oss: a learned logit per head in each softmax's denominator ("attention sinks"):
+    # num_heads weights a layer and one more score a row (negligible FLOPs and bytes).
+    attention_sinks: bool = False
+    # gpt-oss: biases on the o projection, the router and every expert's projections.
+    o_bias: bool = False
+    expert_bias: bool = False
+    # MiniMax-M2: q and k each normalised over all heads at once (q and k dims of weights),
+    # not per head as Qwen3 does (qk_norm is set too: the same norm kernel's bytes).
+    qk_norm_across_heads: bool = False
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -75,6 +98,19 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model {self.name}: num_heads not divisible by num_kv_heads")
         self._check_experts()
+        self._check_window()
+
+    def _check_window(self) -> None:
+        if self.expert_quantization not in (None, *EXPERT_WEIGHT_BYTES):
+            raise ValueError(f"model {self.name}: expert_quantization "
+                             f"{self.expert_quantization!r}: choose from "
+                             f"{', '.join(EXPERT_WEIGHT_BYTES)}")
+        if self.sliding_window < 0 or not 0 <= self.num_sliding_layers < self.num_layers:
+            raise ValueError(f"model {self.name}: sliding_window must be >= 0 and "
+                             f"num_sliding_layers in [0, num_layers={self.num_layers})")
+        if bool(self.sliding_window) != bool(self.num_sliding_layers):
+            raise ValueError(f"model {self.name}: sliding_window and num_sliding_layers are "
+                             "set together")
 
     def _check_experts(self) -> None:
         if self.num_experts == 0:
@@ -112,6 +148,11 @@ class ModelSpec:
         return q + kv + heads * self.v_head_dim * h
 
     @property
+    def num_full_attention_layers(self) -> int:
+        """Layers attending to the whole context (all but the sliding-window ones)."""
+        return self.num_layers - self.num_sliding_layers
+
+    @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
 
@@ -125,16 +166,22 @@ class ModelSpec:
         """One layer's attention weights: q, k, v, o (and q/k biases and norms if any)."""
         d = self.head_dim
         q, kv = self.num_heads * d, self.num_kv_heads * d
-        bias = q + 2 * kv if self.qkv_bias else 0
+        bias = (q + 2 * kv if self.qkv_bias else 0) + (self.hidden_size if self.o_bias else 0)
         norms = 2 * self.head_dim if self.qk_norm else 0
+        if self.qk_norm_across_heads:
+            norms = q + kv
+        if self.attention_sinks:
+            norms += self.num_heads
         if self.is_mla:  # the q and kv bottlenecks' norms
             norms = self.q_lora_rank + self.kv_lora_rank
         return self._attention_weights + bias + norms
 
     @property
     def expert_params(self) -> int:
-        """One routed expert's weights."""
-        return self.mlp_matrices * self.hidden_size * self.moe_intermediate_size
+        """One routed expert's weights (and biases: gate/up outputs and down's, gpt-oss)."""
+        h, inter = self.hidden_size, self.moe_intermediate_size
+        bias = (self.mlp_matrices - 1) * inter + h if self.expert_bias else 0
+        return self.mlp_matrices * h * inter + bias
 
     @property
     def moe_dense_params(self) -> int:
@@ -142,7 +189,8 @@ class ModelSpec:
         shared = self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
         shared_gate = (self.hidden_size if self.shared_expert_intermediate_size
                        and self.shared_expert_gate else 0)
-        return self.num_experts * self.hidden_size + shared + shared_gate
+        router = self.num_experts * (self.hidden_size + (1 if self.expert_bias else 0))
+        return router + shared + shared_gate
 
     @property
     def expert_params_total(self) -> int:
@@ -172,10 +220,20 @@ class ModelSpec:
                 + num_dense * self.mlp_matrices * h * self.intermediate_size
                 + self.num_moe_layers * shared + self.expert_params_total)
 
+    def expert_weight_bytes(self, linear_bytes: float) -> float:
+        """Bytes of one routed expert weight: its own format's (EXPERT_WEIGHT_BYTES), else
+        the linear layers' `linear_bytes`."""
+        if self.expert_quantization is None:
+            return linear_bytes
+        return EXPERT_WEIGHT_BYTES[self.expert_quantization]
+
     def weight_bytes(self, dtype_bytes: int, linear_bytes: int) -> int:
-        """All weights' bytes, the linear layers' at `linear_bytes` a weight."""
-        linear = self.quantizable_params
-        return (self.num_params - linear) * dtype_bytes + linear * linear_bytes
+        """All weights' bytes, the linear layers' at `linear_bytes` a weight and the routed
+        experts' at expert_weight_bytes."""
+        linear = self.quantizable_params - self.expert_params_total
+        experts = self.expert_params_total * self.expert_weight_bytes(linear_bytes)
+        return int((self.num_params - linear - self.expert_params_total) * dtype_bytes
+                   + linear * linear_bytes + experts)
 
     @property
     def num_active_params(self) -> int:
@@ -184,11 +242,21 @@ class ModelSpec:
         return self.num_params - idle * self.expert_params
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Bytes of K and V one token occupies across all layers (MLA: the latent and the
-        RoPE key, which every tensor-parallel GPU holds whole)."""
+        """Bytes of K and V one token occupies in the KV pool across its layers (MLA: the
+        latent and the RoPE key, which every tensor-parallel GPU holds whole). Sliding-window
+        layers are not counted: vLLM's hybrid KV cache manager pages the full-attention and
+        the sliding layers as groups of equally many layers from one pool (gpt-oss: 18 and
+        18), so a token of context costs the full-attention layers' bytes, and each
+        sequence's window (at most sliding_window tokens of window_kv_bytes_per_token) comes
+        on top of it."""
         if self.is_mla:
             return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        layers = self.num_full_attention_layers
+        return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def window_kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes of K and V one token occupies in the sliding-window layers (0: none)."""
+        return 2 * self.num_sliding_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
 def default_head_dim(name: str, hidden_size: int, num_heads: int) -> int:

@@ -90,16 +90,27 @@ def test_rows_servelab_cannot_price_are_refused_with_the_reason():
         replay_plan(replace(DENSE, precision="fp4", gemm_quant="nvfp4"))
     with pytest.raises(RowRefused, match="pipeline parallel 2"):
         replay_plan(replace(DENSE, pp=2))
-    assert "minimax_m2" in simulate_row(_moe()).refused
-    gpt_oss = replace(DENSE, model="openai/gpt-oss-120b", precision="fp4")
-    assert "mxfp4" in simulate_row(gpt_oss).refused
+    # fp4 means the checkpoint's own MXFP4 experts only where the checkpoint has them.
+    assert "precision fp4" in simulate_row(replace(DENSE, precision="fp4")).refused
     assert "no model config" in simulate_row(replace(DENSE, model="acme/none")).refused
 
 
-def test_data_parallel_with_expert_parallel_is_refused_in_a_closed_loop():
+def test_gpt_oss_fp4_rows_serve_the_checkpoints_mxfp4_experts_without_quantization():
+    row = replace(DENSE, model="openai/gpt-oss-120b", precision="fp4", gemm_quant="nvfp4",
+                  moe_quant="nvfp4", tp=2, isl=256, osl=4, batch_size=2)
+    result = simulate_row(row, rounds=1)
+    assert result.simulated, result.refused
+    plan = replay_plan(replace(row, precision=""))
+    deployment = row_deployment(row_model(row), plan)
+    assert deployment.quantization is None and "mxfp4 experts" in deployment.description
+
+
+def test_data_parallel_with_expert_parallel_replays_its_closed_loop_in_lockstep():
     row = replace(DENSE, model="Qwen/Qwen3-30B-A3B", tp=1, attention_dp=2, moe_tp=1,
-                  moe_ep=2, isl=64, osl=4, batch_size=1)
-    assert "lockstep" in simulate_row(row, rounds=1).refused
+                  moe_ep=2, isl=64, osl=4, batch_size=2)
+    result = simulate_row(row, rounds=2)
+    assert result.simulated, result.refused
+    assert result.ttft_ms > 0 and result.tpot_ms > 0
 
 
 def _done(ttft_s: float, tokens: int, gap_s: float) -> Request:

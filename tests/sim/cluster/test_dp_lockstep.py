@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sim.cluster.closed_loop import ClosedLoop
 from sim.cluster.dp_lockstep import group_step_s, run_lockstep
 from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_cost import GpuCostModel
@@ -10,6 +11,7 @@ from sim.engine.core import BatchPlan, Request
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
+from workloads.sessions import chains_of
 
 
 def _moe(ep: int = 2) -> GpuCostModel:
@@ -53,3 +55,24 @@ def test_lockstep_ranks_start_every_step_together_and_finish_every_request():
                                                             strict=False))
     assert any(len({s.start_s for s in e.steps} & {s.start_s for s in o.steps}) > 0
                for e, o in [engines])
+
+
+def test_a_closed_loop_through_the_lockstep_keeps_its_users_in_flight():
+    """Every request is sent once its user's last answer ends: never more than `users` in
+    flight, exactly `users` while requests remain, and every request answered."""
+    model = _moe()
+    config = SchedulerConfig(policy="chunked", num_blocks=4096, max_num_seqs=8)
+    engines = [Engine(Scheduler(config), model) for _ in range(2)]
+    n, users = 24, 5
+    requests = [Request(f"r{i}", 0.0, 48 + 8 * (i % 3), 4 + i % 5) for i in range(n)]
+    loop = ClosedLoop(requests, chains_of([None] * n, [0] * n, [0.0] * n), [0.0] * n, users)
+    result = run_lockstep(requests, engines, model, loop)
+    assert all(r.is_finished for r in result.requests)
+    sent = sorted(r.arrival_s for r in requests)
+    assert sent[:users] == [0.0] * users
+    finishes = sorted(r.finish_s for r in requests)
+    # The k-th request after the first `users` goes when the (k - users)-th answer ends.
+    assert sent[users:] == finishes[:n - users]
+    for t in sent:
+        in_flight = sum(1 for r in requests if r.arrival_s <= t < r.finish_s)
+        assert in_flight == users if t < sent[-1] else in_flight <= users

@@ -54,6 +54,10 @@ PUBLISHED_PARAMS = {
     "deepseek-ai/DeepSeek-R1": 671_000_000_000,
     "deepseek-ai/DeepSeek-V2-Lite": 15_700_000_000,
     "01-ai/Yi-34B": 34_388_917_248,
+    # gpt-oss-120b's model card: 116.83B (its biases and attention sinks included).
+    "openai/gpt-oss-120b": 116_830_000_000,
+    # MiniMax-M2.5's model card: "230B total" (vLLM loads no MTP module: not counted).
+    "MiniMaxAI/MiniMax-M2.5": 230_000_000_000,
 }
 
 # K and V bytes per token in bf16: 2 (K, V) x layers x KV heads x head_dim x 2 bytes.
@@ -72,6 +76,10 @@ KV_BYTES_BF16 = {
     # MLA: one latent (512) and one RoPE key (64) per token and layer, for all heads.
     "deepseek-ai/DeepSeek-V3": 61 * (512 + 64) * 2,
     "deepseek-ai/DeepSeek-V2-Lite": 27 * (512 + 64) * 2,
+    # gpt-oss: the pool holds the 18 full-attention layers' K and V a token (the 18
+    # sliding-window layers' window comes on top, sim.specs.model_specs).
+    "openai/gpt-oss-120b": 2 * 18 * 8 * 64 * 2,
+    "MiniMaxAI/MiniMax-M2.5": 2 * 62 * 8 * 128 * 2,
 }
 TOLERANCE = {"meta-llama/Llama-4-Scout-17B-16E": 0.02,
              "meta-llama/Llama-4-Scout-17B-16E-Instruct": 0.02}
