@@ -46,10 +46,9 @@ class Speculator:
         if k < 1:
             return Draft(0, ())
         if request.prompt_token_ids is None:  # pure simulation: acceptance is drawn
-            if not self._rates:
-                raise ValueError(
-                    "simulating speculative decoding needs acceptance_rates in "
-                    "--speculative-config (the trace carries no token ids)")
+            if self.config.method != "ngram":
+                raise ValueError(f"speculative method {self.config.method!r}: its drafter's "
+                                 "forward passes are not priced yet; simulate ngram")
             return Draft(k, ())
         params = request.sampling
         if params.temperature > 0.0 and params.top_k != 1:
@@ -64,6 +63,9 @@ class Speculator:
     def draw_accepted(self, request: Request, k: int) -> int:
         """Simulation: accepted proposals of a k-proposal row, from the acceptance rates with
         one uniform seeded by the request and its output index (batch-independent)."""
+        if not self._rates:
+            raise ValueError("simulating speculative decoding needs acceptance_rates in "
+                             "--speculative-config (no model verifies the proposals)")
         seed = request.sampling.seed ^ zlib.crc32(request.request_id.encode())
         u = token_seed(seed, request.num_output_tokens) * _SEED_SCALE
         accepted = 0
@@ -96,7 +98,7 @@ class Speculator:
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float | list[float]]:
         """Acceptance rate (accepted / proposed) and mean accepted length (tokens per
         verifying row and step, the token after the proposals included), as vLLM reports."""
         drafts = self.num_drafts
@@ -108,6 +110,10 @@ class Speculator:
                                      if self.num_draft_tokens else 0.0),
             "spec_mean_accepted_length": (1.0 + self.num_accepted_tokens / drafts
                                           if drafts else 0.0),
+            # Per position, as acceptance_rates takes them: a recorded run calibrates a
+            # simulation with these.
+            "spec_acceptance_rates": [n / drafts if drafts else 0.0
+                                      for n in self.accepted_per_pos],
         }
 
 
