@@ -39,6 +39,9 @@ class Speculator:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * config.num_speculative_tokens
+        # Decoding rows that could have verified proposals but the proposer found none: a
+        # simulation proposes for every decoding row, so its acceptance_rates count these.
+        self.num_undrafted = 0
 
     def propose(self, request: Request, limit: int) -> Draft:
         """At most `limit` proposals for a decoding row (it has one token left to compute)."""
@@ -58,6 +61,8 @@ class Speculator:
                              "only (acceptance_rates); the executor proposes by ngram")
         ids = propose_ngram(request.token_ids(), k, self.config.prompt_lookup_min,
                             self.config.prompt_lookup_max)
+        if not ids:
+            self.num_undrafted += 1
         return Draft(len(ids), tuple(ids))
 
     def draw_accepted(self, request: Request, k: int) -> int:
@@ -110,10 +115,14 @@ class Speculator:
                                      if self.num_draft_tokens else 0.0),
             "spec_mean_accepted_length": (1.0 + self.num_accepted_tokens / drafts
                                           if drafts else 0.0),
-            # Per position, as acceptance_rates takes them: a recorded run calibrates a
-            # simulation with these.
+            # Per position, as vLLM counts them: over the rows that verified proposals.
             "spec_acceptance_rates": [n / drafts if drafts else 0.0
                                       for n in self.accepted_per_pos],
+            # Per position over every decoding row that could speculate, proposals found or
+            # not: what a simulation's acceptance_rates mean, to calibrate one from this run.
+            "spec_acceptance_rates_per_decode": [
+                n / (drafts + self.num_undrafted) if drafts else 0.0
+                for n in self.accepted_per_pos],
         }
 
 
