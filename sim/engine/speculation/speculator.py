@@ -53,9 +53,6 @@ class Speculator:
                 raise ValueError(f"speculative method {self.config.method!r}: its drafter's "
                                  "forward passes are not priced yet; simulate ngram")
             return Draft(k, ())
-        params = request.sampling
-        if params.temperature > 0.0 and params.top_k != 1:
-            return Draft(0, ())  # rejection sampling is not implemented: greedy rows only
         if self.config.method != "ngram":
             raise ValueError(f"speculative method {self.config.method!r} runs in simulation "
                              "only (acceptance_rates); the executor proposes by ngram")
