@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 # Methods the scheduler accepts; which of them a backend can run or price is its own check.
@@ -23,8 +24,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2  # n-gram: shortest suffix looked up in the sequence
     prompt_lookup_max: int = 4  # n-gram: longest suffix looked up
     model: str | None = None  # draft_model: the drafter (a preset or a checkpoint directory)
-    # Simulation without a drafter's tokens: the fraction of steps whose proposal i (from 0)
-    # is accepted, as vLLM's per-position acceptance rate counts it; non-increasing.
+    # Simulation without a drafter's tokens: the fraction of decoding rows whose proposal i
+    # (from 0) is accepted, non-increasing; in the JSON, a list or the path of a
+    # `servelab run --json` file whose measured rates to use.
     acceptance_rates: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
@@ -67,10 +69,30 @@ class SpeculativeConfig:
         if unknown:
             raise SpeculativeConfigError(
                 f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}")
-        if "acceptance_rates" in data:
-            data["acceptance_rates"] = tuple(float(r) for r in data["acceptance_rates"])
+        rates = data.get("acceptance_rates")
+        if isinstance(rates, str):  # a recorded run calibrates the simulation
+            rates = rates_from_run(Path(rates))
+        if rates is not None:
+            data["acceptance_rates"] = tuple(float(r) for r in rates)
         return cls(**data)
 
     def as_record(self) -> dict[str, Any]:
         """The config as `--json` records it."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def rates_from_run(path: Path) -> list[float]:
+    """The per-decode acceptance rates a `servelab run --speculative-config --json` file
+    recorded (its one policy's `spec_acceptance_rates_per_decode`)."""
+    try:
+        results = json.loads(path.read_text())["results"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise SpeculativeConfigError(
+            f"acceptance_rates file {path}: not a run's --json output ({exc})") from None
+    found = [r["spec_acceptance_rates_per_decode"] for r in results.values()
+             if isinstance(r, dict) and "spec_acceptance_rates_per_decode" in r]
+    if len(found) != 1:
+        raise SpeculativeConfigError(
+            f"acceptance_rates file {path}: needs one result with "
+            f"spec_acceptance_rates_per_decode, found {len(found)}")
+    return found[0]

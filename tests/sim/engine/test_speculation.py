@@ -3,6 +3,8 @@ accounted exactly, lookahead KV is conserved, TTFT does not move."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -186,3 +188,16 @@ def test_bad_speculative_config_is_named(text, match):
 def test_speculation_needs_an_iteration_level_policy():
     with pytest.raises(ValueError, match="static"):
         SchedulerConfig(policy="static", speculative=NGRAM)
+
+
+def test_acceptance_rates_come_from_a_recorded_run(tmp_path):
+    run_json = tmp_path / "run.json"
+    run_json.write_text(json.dumps({"results": {"chunked": {
+        "spec_acceptance_rates_per_decode": [0.5, 0.25]}}}))
+    text = json.dumps({"num_speculative_tokens": 2, "acceptance_rates": str(run_json)})
+    assert SpeculativeConfig.from_json(text).acceptance_rates == (0.5, 0.25)
+    run_json.write_text(json.dumps({"results": {"chunked": {}}}))
+    with pytest.raises(SpeculativeConfigError, match="found 0"):
+        SpeculativeConfig.from_json(text)
+    with pytest.raises(SpeculativeConfigError, match="not a run"):
+        SpeculativeConfig.from_json(json.dumps({"acceptance_rates": str(tmp_path / "no")}))
