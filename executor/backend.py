@@ -19,6 +19,7 @@ from executor.kv_cache import KVCache
 from executor.model import Transformer
 from executor.native import ROW_KNOTS
 from executor.sampling import Sampler
+from executor.speculative.verify import sample_and_verify
 from executor.weights import load_hf_model, random_model
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request, StepResult
@@ -100,16 +101,20 @@ class ModelBackend:
         with torch.inference_mode():
             inputs = build_step_inputs(segments, self.block_manager, self.model.args,
                                        self.device, paged=self.model.native)
-            sampling = [s.request for s in segments if s.samples]
             logits = self.model(inputs, self.kv)  # [S, vocab]
-            tokens = self.sampler.sample(logits, sampling) if sampling else []
+            produced = None
+            if plan.spec_token_ids:  # 1 + k logits rows per verifying sequence
+                sampled, produced = sample_and_verify(self.sampler, logits, segments)
+            else:
+                sampling = [s.request for s in segments if s.samples]
+                tokens = self.sampler.sample(logits, sampling) if sampling else []
+                sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        sampled = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
         duration = time.perf_counter() - start
         if self.step_log is not None:
             self.step_log.append((plan, duration))
-        return StepResult(duration, sampled)
+        return StepResult(duration, sampled, produced)
 
     @property
     def row_knots(self) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ MIN_GEMM_ROWS`, `kv_pad % KV_PAD_MULTIPLE == 0`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -40,7 +40,10 @@ class Segment:
     request: Request
     start: int  # c: tokens already in the KV cache
     num_tokens: int  # n
-    samples: bool  # c + n == request.num_tokens: this step ends the sequence
+    samples: bool  # the step ends the sequence (c + n == num_tokens, proposals aside)
+    # Speculative decoding: proposals computed after the sequence's last token (the last
+    # len(drafts) of the n tokens), each with its own logits row.
+    drafts: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -75,10 +78,15 @@ class StepInputs:
 def segments_from_plan(plan: BatchPlan) -> list[Segment]:
     """The plan's sequences in order; static padding rows recompute their last position."""
     segments = []
+    spec = plan.spec_token_ids
     for request in plan.requests:
         start = request.num_computed_tokens
         n = plan.num_scheduled_tokens[request.request_id]
-        segments.append(Segment(request, start, n, start + n == request.num_tokens))
+        drafts = spec.get(request.request_id) if spec else None
+        if drafts:
+            segments.append(Segment(request, start, n, True, drafts))
+        else:
+            segments.append(Segment(request, start, n, start + n == request.num_tokens))
     for request in plan.padding:
         segments.append(Segment(request, request.num_tokens - 1, 1, False))
     return segments
@@ -122,9 +130,12 @@ def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args
         table = block_manager.block_table(segment.request.request_id)[: need[i]]
         tables[i, : len(table)] = table
     slots = tables[seq_of_row, positions // bs] * bs + positions % bs
-    tokens = [t for s in segments for t in _token_slice(s.request, s.start, s.num_tokens)]
+    tokens = [t for s in segments
+              for t in _token_slice(s.request, s.start, s.num_tokens - len(s.drafts)) + s.drafts]
     if all_logits:
         logit_rows = np.arange(total)
+    elif any(s.drafts for s in segments):
+        logit_rows = _verify_rows(segments, ends)
     else:
         logit_rows = (ends - 1)[np.fromiter((s.samples for s in segments), bool, len(segments))]
     groups = [] if paged else _groups(starts, lens, row_start, tables, need, bs, kv_step,
@@ -142,6 +153,14 @@ def build_step_inputs(segments: list[Segment], block_manager: BlockManager, args
         tables=_tensor(tables, device) if paged else None,
         row_seq=_tensor(seq_of_row, device) if paged else None,
     )
+
+
+def _verify_rows(segments: list[Segment], ends: np.ndarray) -> np.ndarray:
+    """Logits rows of a step with proposals: each sampling sequence's last row, and a
+    verifying one's rows from its last token on (1 + its proposals)."""
+    rows = [row for s, end in zip(segments, ends.tolist(), strict=True) if s.samples
+            for row in range(end - 1 - len(s.drafts), end)]
+    return np.asarray(rows, dtype=np.int64)
 
 
 def _groups(starts: np.ndarray, lens: np.ndarray, row_start: np.ndarray, tables: np.ndarray,

@@ -20,13 +20,17 @@ def measured_run(requests: list[Request], config: SchedulerConfig, model: Transf
                  on_step: Callable[[float, list[Request]], None] | None = None,
                  step_log: list[tuple[BatchPlan, float]] | None = None,
                  on_backend: Callable[[ModelBackend], None] | None = None,
-                 loop: ClosedLoop | None = None) -> RunResult:
+                 loop: ClosedLoop | None = None,
+                 on_scheduler: Callable[[Scheduler], None] | None = None) -> RunResult:
     """Replay requests on the model; the clock advances by each step's measured duration.
     step_log, if given, receives every step's (plan, seconds); on_backend, the run's
     backend before its first step; with a loop, requests arrive as it releases them
-    (sim.cluster.closed_loop), not at their times."""
+    (sim.cluster.closed_loop), not at their times; on_scheduler, the run's scheduler (its
+    counters, such as speculation's, once the run returns)."""
     attach_prompt_tokens(requests, model.args.vocab_size, seed)
     scheduler = Scheduler(config)
+    if on_scheduler is not None:
+        on_scheduler(scheduler)
     backend = ModelBackend(model, scheduler.block_manager, step_log=step_log)
     if on_backend is not None:
         on_backend(backend)

@@ -51,6 +51,21 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     return int(pick if order is None else order[pick])
 
 
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution sample_row draws from, over the whole vocabulary [vocab]."""
+    x = logits / params.temperature
+    vocab = x.shape[0]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True, stable=True)
+        keep = (sorted_probs.cumsum(0) - sorted_probs) < params.top_p
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs * keep)
+    return probs / probs.sum()
+
+
 class Sampler:
     """Samples the next token of each row; one reseeded generator per live request.
 
@@ -81,6 +96,42 @@ class Sampler:
                 tokens[i] = sample_row(logits[i].float(), request.sampling, self._seeded(request))
         return tokens
 
+    def verify(self, logits: torch.Tensor, request: Request, drafts: list[int]) -> list[int]:
+        """A verifying row's tokens from its logits [k + 1, vocab]: its accepted proposals,
+        then the token after them. Greedy: proposals are accepted while they equal the
+        argmax. Sampling: rejection sampling against a one-token proposal, which keeps the
+        target distribution (accept d with probability p(d), else draw from p without d),
+        each position drawing from its own output index's generator seed."""
+        if self._allowed is not None:
+            logits = logits + self._mask_of(logits)
+        if is_greedy(request.sampling):
+            targets = argmax_rows(logits)
+            accepted = 0
+            while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+                accepted += 1
+            return targets[:accepted + 1]
+        return self._rejection_sample(logits, request, drafts)
+
+    def _rejection_sample(self, logits: torch.Tensor, request: Request,
+                          drafts: list[int]) -> list[int]:
+        params = request.sampling
+        start = len(request.output_token_ids)
+        tokens: list[int] = []
+        for i, draft in enumerate(drafts):
+            generator = self._seeded(request, start + i)
+            probs = target_probs(logits[i].float(), params)
+            u = torch.rand((), generator=generator, device=probs.device, dtype=torch.float32)
+            if u < probs[draft]:
+                tokens.append(draft)
+                continue
+            probs[draft] = 0.0  # the residual max(p - q, 0) of a one-token proposal q
+            cdf = probs.cumsum(0)
+            v = torch.rand((), generator=generator, device=probs.device, dtype=torch.float32)
+            pick = torch.searchsorted(cdf, v * cdf[-1], right=True).clamp_(max=len(cdf) - 1)
+            return [*tokens, int(pick)]
+        generator = self._seeded(request, start + len(drafts))
+        return [*tokens, sample_row(logits[len(drafts)].float(), params, generator)]
+
     def _mask_of(self, logits: torch.Tensor) -> torch.Tensor:
         if self._mask is None or self._mask.shape[0] != logits.shape[-1]:
             mask = torch.full((logits.shape[-1],), float("-inf"), device=logits.device)
@@ -88,11 +139,13 @@ class Sampler:
             self._mask = mask
         return self._mask.to(logits.dtype)
 
-    def _seeded(self, request: Request) -> torch.Generator:
+    def _seeded(self, request: Request, index: int | None = None) -> torch.Generator:
+        """The request's generator, seeded for output token `index` (default: the next)."""
         generator = self._generators.get(request.request_id)
         if generator is None:
             generator = self._generators[request.request_id] = torch.Generator(self.device)
-        index = len(request.output_token_ids)  # which output token this draw produces
+        if index is None:
+            index = len(request.output_token_ids)  # which output token this draw produces
         return generator.manual_seed(token_seed(request.sampling.seed, index))
 
     def free(self, request_id: str) -> None:

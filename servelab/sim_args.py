@@ -24,6 +24,7 @@ from sim.engine.scheduler_config import (
     QUEUES,
     SchedulerConfig,
 )
+from sim.engine.speculation.config import SpeculativeConfig
 from sim.replay.metrics import Slo
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from workloads.formats.files import atomic_output
@@ -47,6 +48,11 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
                        help="prompt+output limit per request (default: the model's, <= "
                             f"{ENGINE_DEFAULTS.max_model_len})")
     add_prefix_caching_arg(group)
+    group.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help='speculative decoding, vLLM\'s JSON: {"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                            '"prompt_lookup_min": 2}; simulation adds "acceptance_rates": '
+                            '[per position] (default: off)')
     queue = parser.add_argument_group("queue order")
     queue.add_argument("--queue", default="fcfs", choices=QUEUES,
                        help="who is admitted first: fcfs (default), priority (lower value "
@@ -128,6 +134,8 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
         sjf_noise=args.sjf_noise,
         preemption=getattr(args, "preemption", "recompute"),
         swap_space_blocks=blocks_in_gib(args.swap_space_gib) if swap else 0,
+        speculative=(SpeculativeConfig.from_json(args.speculative_config)
+                     if getattr(args, "speculative_config", None) else None),
     )
 
 

@@ -10,7 +10,7 @@ import argparse
 import platform
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -28,9 +28,12 @@ from servelab.sim_args import (
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.cluster.closed_loop import closed_loop
 from sim.engine.core import SamplingParams
+from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import DEFAULT_POLICY, POLICIES
+from sim.engine.speculation.report import format_speculation, speculation_summary
 from sim.policy_runs import RunTables, run_tables
 from sim.replay.metrics import summarize
+from sim.replay.simulation import RunResult
 from sim.replay.workload import requests_from_trace
 
 
@@ -59,22 +62,22 @@ def _run(args: argparse.Namespace) -> int:
     num_blocks = loaded.kv_blocks(args.block_size, args.kv_cache_gib)
     config = scheduler_config(args, policy, num_blocks, loaded.max_model_len(args.max_model_len),
                               lambda gib: loaded.kv_blocks(args.block_size, gib))
-    requests = requests_from_trace(trace, sampling, seed_requests=True)
-    from executor.replay import measured_run
-
-    bar = tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False, disable=None)
     start = time.perf_counter()
-    loop = closed_loop(trace, requests, open_loop=args.open_loop)  # as simulate sends it
-    result = measured_run(requests, config, loaded.model, args.seed,
-                          on_step=lambda _now, done: bar.update(len(done)), loop=loop)
-    wall_s = time.perf_counter() - start
-    bar.close()
+    schedulers: list[Scheduler] = []
+    result = _measured(args, trace, sampling, config, loaded, schedulers)
     summary = summarize(result, slo)
+    wall_s = time.perf_counter() - start
+    if config.speculative is not None:  # the same run without speculation, to compare
+        plain = summarize(_measured(args, trace, sampling, replace(config, speculative=None),
+                                    loaded, []), slo)
+        summary.update(speculation_summary(schedulers[0].speculator, summary, plain))
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; model "
           f"{loaded.name} on {loaded.device} ({str(loaded.dtype).removeprefix('torch.')}, "
           f"{loaded.threads} threads, {loaded.kernels} kernels), {config.num_blocks} KV blocks "
           f"of {config.block_size}; {wall_s:.1f} s wall")
     print(format_summaries({policy: summary}))
+    if config.speculative is not None:
+        print(format_speculation(summary))
     payload = _payload(args, trace, config, loaded, slo, policy, summary)
     if args.out is not None:  # the files `servelab simulate --out` writes, measured
         _write_out(args.out, trace.name, policy, run_tables(result, summary))
@@ -82,6 +85,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json_atomic(args.json, payload)
     return 0
+
+
+def _measured(args, trace, sampling, config, loaded, schedulers: list[Scheduler]) -> RunResult:
+    """One measured run of the trace under config; its scheduler is appended to schedulers."""
+    from executor.replay import measured_run
+
+    requests = requests_from_trace(trace, sampling, seed_requests=True)
+    bar = tqdm(total=len(requests), unit="req", file=sys.stderr, leave=False, disable=None)
+    loop = closed_loop(trace, requests, open_loop=args.open_loop)  # as simulate sends it
+    result = measured_run(requests, config, loaded.model, args.seed,
+                          on_step=lambda _now, done: bar.update(len(done)), loop=loop,
+                          on_scheduler=schedulers.append)
+    bar.close()
+    return result
 
 
 def _write_out(out_dir: Path, trace_name: str, policy: str, tables: RunTables) -> None:

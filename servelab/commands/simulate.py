@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from servelab.cluster_args import add_cluster_args, cluster_from_args, describe_cluster
@@ -22,6 +22,7 @@ from servelab.sim_args import (
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
 from sim.deployment import build_deployment
 from sim.engine.scheduler_config import DEFAULT_POLICY
+from sim.engine.speculation.report import configured_summary, format_speculation
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from sim.replay.overload import Overload
 from workloads import Trace
@@ -78,11 +79,17 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
                                   getattr(args, "workers", None), cluster, args.users,
                                   args.open_loop)
     results = {p: _with_verdict(outcomes[p]) for p in policies}
+    speculative = configs[policies[0]].speculative
+    if speculative is not None:
+        _compare_without_speculation(args, trace, configs, backend, slo, cluster, results)
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
     _print_results(results, {p: outcomes[p].verdict for p in policies})
+    if speculative is not None:
+        for p in policies:
+            print(f"{p}: {format_speculation(results[p])}")
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
@@ -104,6 +111,16 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
     return 0
+
+
+def _compare_without_speculation(args, trace, configs, backend, slo, cluster,
+                                 results: dict[str, dict]) -> None:
+    """Replay again without speculation; add acceptance and the speedups to results."""
+    plain = simulate_policies(
+        trace, {p: replace(c, speculative=None) for p, c in configs.items()}, backend, slo,
+        False, getattr(args, "workers", None), cluster, args.users, args.open_loop)
+    for p, config in configs.items():
+        results[p].update(configured_summary(config.speculative, results[p], plain[p].summary))
 
 
 def _print_results(results: dict[str, dict], verdicts: dict[str, Overload | None]) -> None:

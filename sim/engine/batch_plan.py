@@ -40,6 +40,26 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
             plan.prefill_context_max = ctx
 
 
+def add_verify(plan: BatchPlan, request: Request, k: int, token_ids: tuple[int, ...]) -> None:
+    """Speculative decoding: a decoding row verifies k proposals, computing its last token
+    and them as one (k + 1)-token chunk that samples at every position; cost models price
+    it as the chunk it is. token_ids: the proposals' ids (empty in pure simulation)."""
+    rid = request.request_id
+    plan.num_scheduled_tokens[rid] = n = k + 1
+    plan.requests.append(request)
+    plan.num_spec_tokens[rid] = k
+    if token_ids:
+        plan.spec_token_ids[rid] = list(token_ids)
+    ctx = request.num_computed_tokens + n
+    plan.num_sampled += 1
+    plan.prefill_tokens += n
+    plan.prefill_attn += n * ctx
+    plan.prefill_attn_causal += n * ctx - n * (n - 1) // 2
+    plan.prefill_seqs += 1
+    plan.prefill_chunk_max = max(plan.prefill_chunk_max, n)
+    plan.prefill_context_max = max(plan.prefill_context_max, ctx)
+
+
 def add_padding(plan: BatchPlan, request: Request) -> None:
     """Static batching: a finished row computed as padding, one row over its whole KV and no
     logits."""
@@ -81,6 +101,9 @@ def add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
 def remove_from_plan(plan: BatchPlan, request: Request, n: int) -> None:
     """Take a request's totals back out of the plan (the maxima stay: an upper bound)."""
     ctx = request.num_computed_tokens + n
+    if plan.num_spec_tokens and plan.num_spec_tokens.pop(request.request_id, None):
+        plan.spec_token_ids.pop(request.request_id, None)
+        plan.num_sampled -= 1  # a verifying row samples; its chunk totals go below
     if ctx == request.num_tokens:
         plan.num_sampled -= 1
     if n == 1 and ctx == request.num_tokens:

@@ -203,6 +203,17 @@ class BlockManager:
             if ref[block] == 0:
                 evictable[block] = None
 
+    def shrink(self, request_id: str, num_tokens: int) -> None:
+        """Release request_id's blocks past those holding num_tokens tokens (speculation's
+        rejected lookahead); they were never full, so never cached: they are empty now."""
+        table = self._tables[request_id]
+        keep = -(-num_tokens // self.block_size)
+        tail = table[keep:]
+        if any(self._key[block] is not None for block in tail):
+            raise RuntimeError(f"request {request_id}: shrinking would release cached blocks")
+        del table[keep:]
+        self._empty.extend(reversed(tail))
+
     def holds(self, request_id: str) -> bool:
         return request_id in self._tables
 

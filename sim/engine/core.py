@@ -49,6 +49,11 @@ class SamplingParams:
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
+    def stops(self, token: int) -> bool:
+        """Whether sampling `token` ends the request (a stop id, or EOS unless ignored)."""
+        return token in self.stop_token_ids or (
+            token == self.eos_token_id and not self.ignore_eos)
+
 
 @dataclass(slots=True, eq=False)
 class Request:
@@ -143,6 +148,11 @@ class BatchPlan:
     num_sampled: int = 0  # rows that end their sequence and sample a token (logits rows)
     decode_context: int = 0  # sum of KV lengths read by decodes (padding rows included)
     decode_context_max: int = 0  # longest decode KV length
+    # Speculative decoding: request_id -> proposed tokens the row verifies this step (its
+    # num_scheduled_tokens is 1 + that: the last token and the proposals, one chunk), and
+    # their ids where the proposer saw token ids (a real backend), else no entry.
+    num_spec_tokens: dict[str, int] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Decodes counted in the totals above but not listed in requests (sim.engine.fast_forward: only
     # for a backend that prices a plan from its totals).
     unlisted_decodes: int = 0
@@ -172,6 +182,10 @@ class StepResult:
     # request_id -> sampled token, for every request whose step completed its sequence
     # (finished its prompt or decoded). None from backends that sample nothing (simulation).
     sampled_token_ids: dict[str, int] | None = None
+    # Speculative decoding, a real backend: request_id -> the tokens a verified row produced
+    # (its accepted proposals, then the token sampled after them). None in simulation, where
+    # the scheduler draws how many proposals are accepted.
+    spec_token_ids: dict[str, list[int]] | None = None
 
 
 class Backend(Protocol):

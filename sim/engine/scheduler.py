@@ -20,6 +20,8 @@ from sim.engine.eviction import EVICTIONS
 from sim.engine.fast_forward import DecodeFastForward
 from sim.engine.queues import make_queue
 from sim.engine.scheduler_config import BATCHING, SchedulerConfig
+from sim.engine.speculation.planning import add_running_speculative
+from sim.engine.speculation.speculator import Speculator
 
 # An Enum member looked up on its class costs ~0.1 us, as much as the rest of a row's work
 # in a per-row loop, which therefore compares against this module constant.
@@ -58,6 +60,8 @@ class Scheduler:
         # A P/D prefill engine keeps a finished request's KV until its transfer is done
         # (release_kv), as vLLM's P/D connectors free a block only once it has been sent.
         self.keep_finished_kv = False
+        # Proposals for decoding rows and their acceptance (sim.engine.speculation); None: off.
+        self.speculator = Speculator(config.speculative) if config.speculative else None
 
     @property
     def num_swapped_out(self) -> int:
@@ -120,11 +124,12 @@ class Scheduler:
         """Keep decode rows out of the plans' row lists from now on (sim.engine.fast_forward):
         for a backend that prices a plan from its totals and samples no tokens. Returns
         whether it does: not when a part does per-row work it does not model (static
-        batching's padding, swap's copies, a fair queue's charges)."""
+        batching's padding, swap's copies, a fair queue's charges, speculation's
+        proposals)."""
         if self._live:
             raise RuntimeError("start_fast_forward must come before the first request")
         if (self.batching.allows_fast_forward and self.eviction.allows_fast_forward
-                and self.waiting.allows_fast_forward):
+                and self.waiting.allows_fast_forward and self.speculator is None):
             self.fast_forward = DecodeFastForward(
                 self.block_manager, not self.batching.reserves_full, self.waiting.sorts_running)
         return self.fast_forward is not None
@@ -151,6 +156,9 @@ class Scheduler:
         (sim.engine.batch_plan.add_running); on_demand: find KV as sequences grow, evicting when the
         pool is short. Returns the budget left."""
         make_room = self._make_room if on_demand else None
+        if self.speculator is not None:
+            return add_running_speculative(plan, self.running, self._budget, make_room,
+                                           self.speculator)
         if self.fast_forward is not None:
             return self.fast_forward.schedule_running(plan, self._budget, self._make_room,
                                                       make_room)
@@ -273,9 +281,7 @@ class Scheduler:
         fast_forward = self.fast_forward
         if fast_forward is not None:  # its rows come first, as decodes do in a plan
             finished = self._update_fast_forward(sampled, now)
-        # Service counted before the step's tokens are applied (a fair queue keeps it).
-        if self._charge is not None:
-            self._charge(plan)
+        self._before_tokens(plan, result, now)
         # plan.requests and num_scheduled_tokens share one order (eviction removes from both).
         for request, n in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             computed = request.num_computed_tokens + n
@@ -299,10 +305,28 @@ class Scheduler:
                 self._finish(request, reason, now)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
+        if plan.num_spec_tokens and not self.batching.reserves_full:
+            self._release_lookahead(plan)
         if fast_forward is not None:  # the listed requests that decode from now on
             fast_forward.adopt(plan.requests)
         returned = self._returned
         return finished if returned is None else returned(self, finished, now)
+
+    def _before_tokens(self, plan: BatchPlan, result: StepResult, now: float) -> None:
+        """What comes before a step's tokens are applied: service counted (a fair queue
+        keeps it), verified rows' accepted proposals in and rejected ones rolled back."""
+        if self._charge is not None:
+            self._charge(plan)
+        if plan.num_spec_tokens:
+            self.speculator.settle(plan, result, now)
+
+    def _release_lookahead(self, plan: BatchPlan) -> None:
+        """Free the blocks a verified row took for proposals that were rejected: it keeps
+        those of its computed tokens, as a row that decoded one token at a time would."""
+        bm = self.block_manager
+        for request in plan.requests:
+            if request.request_id in plan.num_spec_tokens and request.status is _RUNNING:
+                bm.shrink(request.request_id, request.num_computed_tokens)
 
     def _update_fast_forward(self, sampled: dict[str, int] | None, now: float) -> list[Request]:
         """Apply the step that ended at `now` to the fast-forwarded rows; those it finished."""
@@ -335,7 +359,4 @@ def _append_sampled(request: Request, sampled: dict[str, int]) -> FinishReason |
     """Append the token the step sampled for request; STOP if it ends the sequence."""
     token = sampled[request.request_id]
     request.output_token_ids.append(token)
-    params = request.sampling
-    if token in params.stop_token_ids or (token == params.eos_token_id and not params.ignore_eos):
-        return FinishReason.STOP
-    return None
+    return FinishReason.STOP if request.sampling.stops(token) else None

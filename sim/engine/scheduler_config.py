@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from sim.engine.batching import (
     BatchingPolicy,
@@ -14,6 +13,7 @@ from sim.engine.batching import (
 )
 from sim.engine.eviction import EVICTIONS
 from sim.engine.queues import QUEUES
+from sim.engine.speculation.config import SpeculativeConfig
 from sim.engine.static_padding import StaticBatching
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 
@@ -61,6 +61,8 @@ class SchedulerConfig:
     # host pool of swap_space_blocks blocks and back (recompute when the pool is full).
     preemption: str = "recompute"
     swap_space_blocks: int = 0
+    # Speculative decoding (`--speculative-config`); None: off.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         self._check_parts()
@@ -84,6 +86,8 @@ class SchedulerConfig:
                              f"{', '.join(PREEMPTION_MODES)}")
         if self.preemption == "swap" and self.swap_space_blocks < 1:
             raise ValueError("preemption by swap needs a host pool: swap_space_blocks >= 1")
+        if self.speculative is not None and self.policy == "static":
+            raise ValueError("speculative decoding needs an iteration-level policy, not static")
 
     def _check_budget(self) -> None:
         """A given token budget lets every running request decode each step and, where
@@ -140,9 +144,12 @@ class SchedulerConfig:
             return self.queue_aging_s
         return math.inf if self.queue == "fair" else DEFAULT_QUEUE_AGING_S
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self) -> dict[str, object]:
         """The config as `--json` records it: the token budget and aging bound in force (an
         unbounded one as null)."""
         aging_s = self.aging_s
-        return {**asdict(self), "token_budget": self.budget,
-                "queue_aging_s": aging_s if math.isfinite(aging_s) else None}
+        record = {**asdict(self), "token_budget": self.budget,
+                  "queue_aging_s": aging_s if math.isfinite(aging_s) else None}
+        if self.speculative is None:  # (records without speculation stay as they were)
+            del record["speculative"]
+        return record

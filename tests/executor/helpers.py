@@ -60,7 +60,8 @@ class FixedClock:
         self.step_s = step_s
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        return StepResult(self.step_s, self.backend.execute(plan).sampled_token_ids)
+        result = self.backend.execute(plan)
+        return StepResult(self.step_s, result.sampled_token_ids, result.spec_token_ids)
 
     def free(self, request: Request) -> None:
         self.backend.free(request)

@@ -1,0 +1,1 @@
+"""Speculative decoding on the executor: verifying proposed tokens in the batched forward."""

@@ -1,0 +1,1 @@
+"""Speculative decoding in the scheduler: proposals per row, verification, accept and roll back."""

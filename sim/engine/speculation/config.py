@@ -1,0 +1,98 @@
+"""The speculative-decoding configuration, read from vLLM's `--speculative-config` JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+# Methods the scheduler accepts; which of them a backend can run or price is its own check.
+METHODS = ("ngram", "draft_model", "eagle", "mtp")
+
+
+class SpeculativeConfigError(ValueError):
+    """A `--speculative-config` that cannot be used, with the key at fault."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """What a step proposes per decoding row and how proposals are found (vLLM's names)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4  # k: most proposals one row verifies per step
+    prompt_lookup_min: int = 2  # n-gram: shortest suffix looked up in the sequence
+    prompt_lookup_max: int = 4  # n-gram: longest suffix looked up
+    model: str | None = None  # draft_model: the drafter (a preset or a checkpoint directory)
+    # Simulation without a drafter's tokens: the fraction of decoding rows whose proposal i
+    # (from 0) is accepted, non-increasing; in the JSON, a list or the path of a
+    # `servelab run --json` file whose measured rates to use.
+    acceptance_rates: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SpeculativeConfigError(
+                f"speculative method {self.method!r}: choose from {', '.join(METHODS)}")
+        if self.num_speculative_tokens < 1:
+            raise SpeculativeConfigError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise SpeculativeConfigError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        self._check_rates()
+
+    def _check_rates(self) -> None:
+        rates = self.acceptance_rates
+        if rates and len(rates) != self.num_speculative_tokens:
+            raise SpeculativeConfigError(
+                f"acceptance_rates has {len(rates)} entries, num_speculative_tokens is "
+                f"{self.num_speculative_tokens}")
+        if any(not 0.0 <= r <= 1.0 for r in rates):
+            raise SpeculativeConfigError(f"acceptance_rates must lie in [0, 1], got {rates}")
+        if any(b > a for a, b in zip(rates, rates[1:], strict=False)):
+            raise SpeculativeConfigError(
+                f"acceptance_rates must not increase (a proposal is accepted only after all "
+                f"before it), got {rates}")
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """Parse `--speculative-config` JSON; unknown keys are an error, not ignored."""
+        try:
+            data: Any = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpeculativeConfigError(f"--speculative-config is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise SpeculativeConfigError("--speculative-config must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpeculativeConfigError(
+                f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}")
+        rates = data.get("acceptance_rates")
+        if isinstance(rates, str):  # a recorded run calibrates the simulation
+            rates = rates_from_run(Path(rates))
+        if rates is not None:
+            data["acceptance_rates"] = tuple(float(r) for r in rates)
+        return cls(**data)
+
+    def as_record(self) -> dict[str, Any]:
+        """The config as `--json` records it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def rates_from_run(path: Path) -> list[float]:
+    """The per-decode acceptance rates a `servelab run --speculative-config --json` file
+    recorded (its one policy's `spec_acceptance_rates_per_decode`)."""
+    try:
+        results = json.loads(path.read_text())["results"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise SpeculativeConfigError(
+            f"acceptance_rates file {path}: not a run's --json output ({exc})") from None
+    found = [r["spec_acceptance_rates_per_decode"] for r in results.values()
+             if isinstance(r, dict) and "spec_acceptance_rates_per_decode" in r]
+    if len(found) != 1:
+        raise SpeculativeConfigError(
+            f"acceptance_rates file {path}: needs one result with "
+            f"spec_acceptance_rates_per_decode, found {len(found)}")
+    return found[0]
