@@ -25,7 +25,7 @@ from servelab.calibration.silicon_rows import (
 from sim.cluster.closed_loop import ClosedLoop, run_closed_cluster, run_closed_trace
 from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig
-from sim.deployment import Deployment, DeploymentOptions, build_deployment
+from sim.deployment import DEFAULT_COST, Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
@@ -78,15 +78,16 @@ def row_model(row: SiliconRow) -> str:
     return str(path)
 
 
-def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE) -> Deployment:
-    """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, with
-    the cost model the deployment builds by default (`hardware`: a GPU preset or file)."""
+def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE,
+                   cost: str = DEFAULT_COST) -> Deployment:
+    """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, priced
+    by `cost` (a --cost value; `hardware`: a GPU preset or file)."""
     try:
         return build_deployment(DeploymentOptions(
             model=model, hardware=hardware, tensor_parallel=plan.tensor_parallel,
             data_parallel=plan.data_parallel, expert_parallel=plan.expert_parallel,
             max_num_batched_tokens=plan.max_num_batched_tokens,
-            max_num_seqs=plan.max_num_seqs, quantization=plan.quantization))
+            max_num_seqs=plan.max_num_seqs, quantization=plan.quantization, cost=cost))
     except ValueError as error:  # UnsupportedModelError included
         raise RowRefused(str(error)) from None
 

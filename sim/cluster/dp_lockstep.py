@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.cost.gpu_cost import GpuCostModel
-from sim.engine.core import BatchPlan, Request, StepResult
+from sim.engine.core import BatchPlan, Request, StepResult, request_overhead_s
 from sim.engine.step import Engine
 from sim.engine.step_log import StepLog
 from sim.replay.simulation import RunResult, StalledError
@@ -33,8 +33,9 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                  model: GpuCostModel) -> RunResult:
     """Replay requests (sorted by arrival_s) over data-parallel ranks stepping together."""
     pending, arrived, now = list(requests), 0, 0.0
+    delay_s = request_overhead_s(model)  # the front end's time before the scheduler sees one
     while True:
-        while arrived < len(pending) and pending[arrived].arrival_s <= now:
+        while arrived < len(pending) and pending[arrived].arrival_s + delay_s <= now:
             _least_loaded(engines).add(pending[arrived])
             arrived += 1
         plans = [engine.schedule(now) for engine in engines]
@@ -43,7 +44,7 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                 if any(e.scheduler.has_unfinished for e in engines):
                     raise StalledError(f"t={now:.3f}s: queued requests, none admissible")
                 break
-            now = max(now, pending[arrived].arrival_s)
+            now = max(now, pending[arrived].arrival_s + delay_s)
             continue
         result = StepResult(duration_s=group_step_s(model, plans))
         for engine, plan in zip(engines, plans, strict=True):
