@@ -2,13 +2,16 @@
 whole vLLM runs: AIConfigurator's H100 silicon rows (closed loops) and LLMServingSim's four
 runs (open loops), then print both data sets before and after, for --cost gpu and kernels.
 
-- request_s (front end per request): the L1 fit of relative TTFT error, the weighted median
-  of (measured - predicted) TTFT with weights 1 / measured, clipped to its bounds;
-- piecewise_layer_s (host per layer of a prefill or mixed step): a 1-D search over a grid in
-  its bounds for the least mean |relative error| of TTFT and TPOT (each data set weighs
-  half), request_s refitted at each point;
-- step_s and per_row_s keep the published vLLM V1 figures (under async scheduling the GPU
-  step hides them on these runs, so these data cannot set them).
+1. piecewise_layer_s (host per layer of a prefill or mixed step): a 1-D search over a grid
+   in its bounds for the least mean |relative error| of TTFT and TPOT (each data set weighs
+   half); at each point
+2. step_s and per_row_s (host per step, per sequence): bounded least squares of the mean
+   TPOT each run misses with no host time, relative (weights 1 / measured), over the runs
+   whose vLLM runs the host in series with the GPU (no async scheduling by default): there
+   TPOT = GPU step + step_s + per_row_s x rows. Runs with async scheduling hide both;
+3. request_s (front end per request), priced with those: the L1 fit of relative TTFT
+   error, the weighted median of (measured - predicted) TTFT, weights 1 / measured.
+Every term is clipped to the bounds the JSON gives it.
 
     python -m servelab.calibration.engine_fit [--rounds N] [--no-write]
 """
@@ -21,29 +24,43 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy.optimize import lsq_linear
 
 from servelab.calibration.engine_runs import Sample, samples
 from servelab.reporting.engine_report import SILICON_ROUNDS, report
-from sim.cost.engine_overhead import VLLM_PATH, EngineOverhead, load_vllm
+from sim.cost.engine_overhead import (
+    VLLM_PATH,
+    VLLM_TERMS,
+    EngineOverhead,
+    async_scheduling,
+    load_vllm,
+)
 
 PIECEWISE_GRID = 5  # points of the 1-D search, ends included
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The fitted terms and the objective they reached."""
+    """The fitted terms, the objective they reached and the silicon rows priced."""
 
-    request_s: float
+    step_s: float
+    per_row_s: float
     piecewise_layer_s: float
+    request_s: float
     objective: float
-    rows: int  # silicon rows priced
+    rows: int
+
+    def engine(self, base: EngineOverhead) -> EngineOverhead:
+        """`base` with the fitted terms."""
+        return replace(base, step_s=self.step_s, per_row_s=self.per_row_s,
+                       piecewise_layer_s=self.piecewise_layer_s, request_s=self.request_s)
 
 
-def bounds(term: str, data: dict | None = None) -> tuple[float, float]:
-    """A term's physical bounds (seconds) as the JSON states them."""
-    data = data if data is not None else json.loads(VLLM_PATH.read_text())
-    lo, hi = data[term]["bounds"]
-    return float(lo), float(hi)
+def all_bounds(path=VLLM_PATH) -> dict[str, tuple[float, float]]:
+    """Each fitted term's physical bounds (seconds) as the JSON states them."""
+    data = json.loads(path.read_text())
+    return {term: (float(data[term]["bounds"][0]), float(data[term]["bounds"][1]))
+            for term in VLLM_TERMS}
 
 
 def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
@@ -65,6 +82,22 @@ def fit_request_s(done: Sequence[Sample], lo: float, hi: float,
     return min(max(best, lo), hi)
 
 
+def fit_host(done: Sequence[Sample], step_bounds: tuple[float, float],
+             row_bounds: tuple[float, float]) -> tuple[float, float] | None:
+    """(step_s, per_row_s): bounded least squares of the relative TPOT that runs priced with
+    no host time miss, over those whose vLLM does not schedule asynchronously; None when
+    there are none (the data cannot see the host)."""
+    serial = [s for s in done if not async_scheduling(s.version)]
+    if not serial:
+        return None
+    weight = np.array([1.0 / s.measured_tpot_ms for s in serial])
+    a = np.array([[1.0, s.rows] for s in serial]) * weight[:, None]
+    b = np.array([(s.measured_tpot_ms - s.tpot_ms) / 1e3 for s in serial]) * weight
+    lo, hi = zip(step_bounds, row_bounds, strict=True)
+    step_s, per_row_s = lsq_linear(a, b, bounds=(lo, hi)).x
+    return float(step_s), float(per_row_s)
+
+
 def objective(sets: Sequence[Sequence[Sample]]) -> float:
     """Mean over data sets of mean |relative error| of TTFT and TPOT."""
     return float(np.mean([np.mean([abs(s.ttft_error) + abs(s.tpot_error) for s in done]) / 2
@@ -77,49 +110,53 @@ def shift_ttft(done: Sequence[Sample], delta_s: float) -> list[Sample]:
 
 
 def fit(price: Callable[[EngineOverhead], list[list[Sample]]], base: EngineOverhead,
-        request_bounds: tuple[float, float], piecewise_bounds: tuple[float, float],
-        grid: int = PIECEWISE_GRID) -> Fit:
-    """The 1-D search over piecewise_layer_s, request_s fitted in closed form at each point;
-    `price` gives the samples of each data set for an engine."""
+        bounds: dict[str, tuple[float, float]], grid: int = PIECEWISE_GRID) -> Fit:
+    """Steps 1-3 of the module's method; `price` gives each data set's samples for an
+    engine (its host overlapping the GPU as each run's vLLM version does)."""
+    bare = replace(base, step_s=0.0, per_row_s=0.0, piecewise_layer_s=0.0, request_s=0.0)
     best: Fit | None = None
-    for piecewise in np.linspace(*piecewise_bounds, grid):
-        engine = replace(base, piecewise_layer_s=float(piecewise), request_s=0.0)
-        sets = price(engine)
-        request_s = fit_request_s([s for done in sets for s in done], *request_bounds)
+    for piecewise in np.linspace(*bounds["piecewise_layer_s"], grid):
+        engine = replace(bare, piecewise_layer_s=float(piecewise))
+        host = fit_host(price(engine)[0], bounds["step_s"], bounds["per_row_s"])
+        step_s, per_row_s = host if host is not None else (base.step_s, base.per_row_s)
+        sets = price(replace(engine, step_s=step_s, per_row_s=per_row_s))
+        request_s = fit_request_s([s for done in sets for s in done], *bounds["request_s"])
         score = objective([shift_ttft(done, request_s) for done in sets])
         if best is None or score < best.objective:
-            best = Fit(request_s, float(piecewise), score, len(sets[0]))
+            best = Fit(step_s, per_row_s, float(piecewise), request_s, score, len(sets[0]))
     return best
 
 
 def write_fit(result: Fit) -> None:
     """Rewrite the fitted terms (and their source) in the vLLM engine file."""
     data = json.loads(VLLM_PATH.read_text())
-    source = (f"engine_fit: measured-kernel model on {result.rows} AIConfigurator H100 vLLM 0.12 "
-              "runs and LLMServingSim's four vLLM 0.19 runs")
-    data["request_s"].update(value=result.request_s, source=source)
-    data["piecewise_layer_s"].update(value=result.piecewise_layer_s, source=source)
-    data["source"] = f"step_s, per_row_s: published vLLM V1 figures; the rest: {source}"
+    source = (f"engine_fit: measured-kernel model on {result.rows} AIConfigurator H100 vLLM "
+              "0.12 runs and LLMServingSim's four vLLM 0.19 runs")
+    for term in VLLM_TERMS:
+        data[term].update(value=getattr(result, term), source=source)
+    data["source"] = source
     VLLM_PATH.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Fit vLLM's own time on whole vLLM runs.")
     parser.add_argument("--rounds", type=int, default=SILICON_ROUNDS,
-                        help="measured rounds per silicon row while fitting (report: all)")
+                        help="measured rounds per silicon row (as measured: 20)")
     parser.add_argument("--no-write", action="store_true", help="fit and report only")
     args = parser.parse_args(argv)
-    # Before: the published host terms alone, as vLLM was priced until this fit.
-    before = replace(load_vllm(), request_s=0.0, piecewise_layer_s=0.0)
-    result = fit(lambda engine: samples(engine, "kernels", args.rounds), before,
-                 bounds("request_s"), bounds("piecewise_layer_s"))
-    print(f"fitted: request_s {result.request_s * 1e3:.2f} ms, piecewise_layer_s "
-          f"{result.piecewise_layer_s * 1e6:.1f} us (objective {result.objective:.4f})")
-    after = replace(before, request_s=result.request_s,
-                    piecewise_layer_s=result.piecewise_layer_s)
+    # Before: the published host step alone, overlapped at every version, as vLLM was
+    # priced until this fit.
+    published = replace(load_vllm(), step_s=1.5e-3, per_row_s=1e-5, piecewise_layer_s=0.0,
+                        request_s=0.0, overlapped=True)
+    result = fit(lambda engine: samples(engine, "kernels", args.rounds), published,
+                 all_bounds())
+    print(f"fitted: step_s {result.step_s * 1e3:.3f} ms, per_row_s "
+          f"{result.per_row_s * 1e6:.2f} us, piecewise_layer_s "
+          f"{result.piecewise_layer_s * 1e6:.1f} us, request_s {result.request_s * 1e3:.2f} ms"
+          f" (objective {result.objective:.4f}, {result.rows} silicon rows)", flush=True)
     if not args.no_write:
         write_fit(result)
-    print(report(before, after))
+    print(report(published, result.engine(published)))
 
 
 if __name__ == "__main__":

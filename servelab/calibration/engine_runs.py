@@ -4,7 +4,7 @@ as mean TTFT and TPOT samples against the measured."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servelab.calibration.gpu_replay import load_runs, replay_on, run_deployment
 from servelab.calibration.silicon import (
@@ -15,7 +15,7 @@ from servelab.calibration.silicon import (
     run_closed_loop,
 )
 from servelab.calibration.silicon_rows import RowRefused, load_rows, replay_plan
-from sim.cost.engine_overhead import EngineOverhead
+from sim.cost.engine_overhead import EngineOverhead, async_scheduling
 from sim.cost.gpu_cost import GpuCostModel
 from sim.deployment import Deployment
 
@@ -30,6 +30,8 @@ class Sample:
     measured_tpot_ms: float
     ttft_ms: float
     tpot_ms: float
+    version: str | None = None  # the vLLM measured
+    rows: float = 0.0  # sequences a decode step of one engine carries (its users)
     summary: dict = field(default_factory=dict, compare=False)  # the whole run's, if kept
 
     @property
@@ -41,35 +43,38 @@ class Sample:
         return (self.tpot_ms - self.measured_tpot_ms) / self.measured_tpot_ms
 
 
-def _priced(deployment: Deployment, engine: EngineOverhead) -> Deployment:
-    """The deployment with vLLM's terms replaced by `engine`'s (its vLLM version's async
-    scheduling kept)."""
+def _priced(deployment: Deployment, engine: EngineOverhead, version: str | None,
+            versioned: bool) -> Deployment:
+    """The deployment with vLLM's terms replaced by `engine`'s; `versioned`: the host
+    overlaps the GPU as the measured version schedules by default, else as `engine` says."""
     model = deployment.cost_model
     if not isinstance(model, GpuCostModel):
         raise RowRefused(f"priced by {type(model).__name__}, not a GPU cost model")
-    model.use_engine(EngineOverhead(
-        engine.name, engine.step_s, model.engine.per_kernel_s, engine.per_row_s, engine.source,
-        model.engine.overlapped, model.engine.compute_scale, engine.request_s,
-        engine.graph_max_rows, engine.piecewise_layer_s))
+    overlapped = async_scheduling(version) if versioned else engine.overlapped
+    model.use_engine(replace(engine, per_kernel_s=model.engine.per_kernel_s,
+                             compute_scale=model.engine.compute_scale, overlapped=overlapped))
     return deployment
 
 
-def silicon_samples(engine: EngineOverhead, cost: str, rounds: int) -> list[Sample]:
+def silicon_samples(engine: EngineOverhead, cost: str, rounds: int,
+                    versioned: bool = True) -> list[Sample]:
     """Every silicon row the simulator prices, replayed closed-loop for `rounds` rounds."""
     out = []
     for row in load_rows():
+        version = row.engine_version or None
         try:
             plan = replay_plan(row, rounds)
-            deployment = _priced(row_deployment(row_model(row), plan, cost=cost), engine)
+            deployment = _priced(row_deployment(row_model(row), plan, cost=cost), engine,
+                                 version, versioned)
             ttft_ms, tpot_ms = measured_means(run_closed_loop(plan, deployment))
         except RowRefused:
             continue
         out.append(Sample(row.row_id, group_key(row), row.ttft_ms, row.tpot_ms, ttft_ms,
-                          tpot_ms))
+                          tpot_ms, version, plan.users / plan.data_parallel))
     return out
 
 
-def run_samples(engine: EngineOverhead, cost: str) -> list[Sample]:
+def run_samples(engine: EngineOverhead, cost: str, versioned: bool = True) -> list[Sample]:
     """LLMServingSim's four vLLM runs replayed open-loop (those `cost` prices: the RTX 4090
     has no kernel tables); each keeps its whole summary."""
     out = []
@@ -78,13 +83,15 @@ def run_samples(engine: EngineOverhead, cost: str) -> list[Sample]:
             deployment = run_deployment(run, None, cost)
         except ValueError:  # --cost kernels on a GPU without tables
             continue
-        ours = replay_on(run, _priced(deployment, engine))
+        ours = replay_on(run, _priced(deployment, engine, run.vllm_version, versioned))
         out.append(Sample(run.name, (run.name,), run.vllm["mean_ttft_ms"],
                           run.vllm["mean_tpot_ms"], ours["mean_ttft_ms"], ours["mean_tpot_ms"],
-                          ours))
+                          run.vllm_version, ours.get("mean_batch_size", 0.0), ours))
     return out
 
 
-def samples(engine: EngineOverhead, cost: str, rounds: int) -> list[list[Sample]]:
+def samples(engine: EngineOverhead, cost: str, rounds: int,
+            versioned: bool = True) -> list[list[Sample]]:
     """[silicon rows, LLMServingSim's runs] priced by `cost` with `engine`'s terms."""
-    return [silicon_samples(engine, cost, rounds), run_samples(engine, cost)]
+    return [silicon_samples(engine, cost, rounds, versioned),
+            run_samples(engine, cost, versioned)]

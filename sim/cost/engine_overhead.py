@@ -71,15 +71,21 @@ def _version(text: str) -> tuple[int, ...]:
         raise ValueError(f"vLLM version {text!r}: expected digits like 0.12.0") from None
 
 
+def async_scheduling(vllm_version: str | None, path: Path = VLLM_PATH) -> bool:
+    """Whether vLLM `vllm_version` schedules asynchronously by default (None: today's)."""
+    if vllm_version is None:
+        return True
+    since = json.loads(path.read_text())["async_since"]["value"]
+    return _version(vllm_version) >= _version(since)
+
+
 def load_vllm(vllm_version: str | None = None, path: Path = VLLM_PATH) -> EngineOverhead:
     """vLLM's terms; the host overlaps the GPU from the version that schedules
-    asynchronously (any version when none is given: today's vLLM)."""
+    asynchronously by default (any version when none is given: today's vLLM)."""
     data = json.loads(path.read_text())
     terms = {key: float(data[key]["value"]) for key in VLLM_TERMS}
-    overlapped = (vllm_version is None
-                  or _version(vllm_version) >= _version(data["async_since"]["value"]))
     return EngineOverhead("vllm", terms["step_s"], 0.0, terms["per_row_s"], data["source"],
-                          overlapped, request_s=terms["request_s"],
+                          async_scheduling(vllm_version, path), request_s=terms["request_s"],
                           graph_max_rows=int(data["graph_max_rows"]["value"]),
                           piecewise_layer_s=terms["piecewise_layer_s"])
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from servelab.calibration.engine_fit import (
-    bounds,
+    all_bounds,
     fit,
+    fit_host,
     fit_request_s,
     objective,
     weighted_median,
@@ -45,44 +46,59 @@ def test_the_request_time_stays_in_its_bounds():
     assert fit_request_s(fast, 0.0, 0.02) == 0.02
 
 
-def _synthetic(true_request_s: float, true_piecewise_s: float):
-    """A price function whose runs are exact at the true terms: each run's TTFT misses
-    the request time and 40 layers of piecewise launches, each TPOT half those launches."""
+TRUE = {"step_s": 1.2e-3, "per_row_s": 8e-6, "piecewise_layer_s": 50e-6, "request_s": 6e-3}
+BOUNDS = {"step_s": (0.0, 5e-3), "per_row_s": (0.0, 1e-4), "piecewise_layer_s": (0.0, 200e-6),
+          "request_s": (0.0, 0.02)}
+
+
+def _synthetic(true: dict[str, float]):
+    """A price function exact at the true terms: each run's TTFT misses the request time and
+    40 layers of piecewise launches, its TPOT half those launches and, where its vLLM runs
+    the host in series (0.12), the host step and its rows' output processing."""
     def price(engine: EngineOverhead) -> list[list[Sample]]:
         sets = []
-        for offset in (0, 100):
+        for offset, version in ((0, "0.12.0"), (100, "0.19.0")):
             done = []
             for i in range(6):
-                measured = 30.0 + offset + 20 * i
-                miss_ms = 40 * (true_piecewise_s - engine.piecewise_layer_s) * 1e3
-                ttft = measured - true_request_s * 1e3 - miss_ms + engine.request_s * 1e3
-                tpot = 10.0 - miss_ms / 2
-                done.append(Sample(f"s{offset}-{i}", (offset,), measured, 10.0, ttft, tpot))
+                rows, measured, measured_tpot = 1 + 7 * i, 30.0 + offset + 20 * i, 10.0 + i
+                launch_ms = 40 * (true["piecewise_layer_s"] - engine.piecewise_layer_s) * 1e3
+                host_ms = (true["step_s"] - engine.step_s
+                           + (true["per_row_s"] - engine.per_row_s) * rows) * 1e3
+                ttft = measured - (true["request_s"] - engine.request_s) * 1e3 - launch_ms
+                tpot = measured_tpot - launch_ms / 2 - (host_ms if version < "0.14" else 0.0)
+                done.append(Sample(f"s{offset}-{i}", (offset,), measured, measured_tpot, ttft,
+                                   tpot, version, rows))
             sets.append(done)
         return sets
     return price
 
 
 def test_the_fit_recovers_known_terms_from_synthetic_runs():
-    result = fit(_synthetic(6e-3, 50e-6), BASE, (0.0, 0.02), (0.0, 200e-6))
-    assert result.request_s == pytest.approx(6e-3)
-    assert result.piecewise_layer_s == pytest.approx(50e-6)
-    assert result.objective == pytest.approx(0.0, abs=1e-12)
+    result = fit(_synthetic(TRUE), BASE, BOUNDS)
+    for term, value in TRUE.items():
+        assert getattr(result, term) == pytest.approx(value, rel=1e-6, abs=1e-12), term
+    assert result.objective == pytest.approx(0.0, abs=1e-9)
+    assert result.engine(BASE).request_s == pytest.approx(TRUE["request_s"])
 
 
 def test_the_fit_keeps_terms_in_bounds_when_the_truth_lies_outside():
-    result = fit(_synthetic(50e-3, 400e-6), BASE, (0.0, 0.02), (0.0, 200e-6))
-    assert 0.0 <= result.request_s <= 0.02
-    assert 0.0 <= result.piecewise_layer_s <= 200e-6
+    wild = {"step_s": 9e-3, "per_row_s": 5e-4, "piecewise_layer_s": 400e-6, "request_s": 0.05}
+    result = fit(_synthetic(wild), BASE, BOUNDS)
+    for term, (lo, hi) in BOUNDS.items():
+        assert lo <= getattr(result, term) <= hi, term
     assert result.piecewise_layer_s == 200e-6  # the nearest the data can get
 
 
+def test_without_serial_runs_the_host_terms_stay_as_given():
+    assert fit_host([_sample(0, 10.0, 10.0)], (0.0, 5e-3), (0.0, 1e-4)) is None
+
+
 def test_the_shipped_bounds_are_the_physical_ones():
-    assert bounds("request_s") == (0.0, 0.02)
-    assert bounds("step_s") == (0.0, 0.005)
+    bounds = all_bounds()
+    assert bounds["request_s"] == (0.0, 0.02) and bounds["step_s"] == (0.0, 0.005)
     engine = load_vllm()
-    assert bounds("piecewise_layer_s")[0] <= engine.piecewise_layer_s
-    assert engine.piecewise_layer_s <= bounds("piecewise_layer_s")[1]
+    for term, (lo, hi) in bounds.items():
+        assert lo <= getattr(engine, term) <= hi, term
 
 
 def test_the_objective_weighs_each_data_set_alike():
