@@ -113,9 +113,11 @@ def shift_ttft(done: Sequence[Sample], delta_s: float) -> list[Sample]:
 
 
 def fit(price: Callable[[EngineOverhead], list[list[Sample]]], base: EngineOverhead,
-        bounds: dict[str, tuple[float, float]], grid: int = PIECEWISE_GRID) -> Fit:
+        bounds: dict[str, tuple[float, float]], grid: int = PIECEWISE_GRID,
+        progress: Callable[[Fit], None] | None = None) -> Fit:
     """Steps 1-3 of the module's method; `price` gives each data set's samples for an
-    engine (its host overlapping the GPU as each run's vLLM version does)."""
+    engine (its host overlapping the GPU as each run's vLLM version does); `progress` sees
+    each grid point's fit."""
     bare = replace(base, step_s=0.0, per_row_s=0.0, piecewise_layer_s=0.0, request_s=0.0)
     best: Fit | None = None
     for piecewise in np.linspace(*bounds["piecewise_layer_s"], grid):
@@ -124,9 +126,12 @@ def fit(price: Callable[[EngineOverhead], list[list[Sample]]], base: EngineOverh
         step_s, per_row_s = host if host is not None else (base.step_s, base.per_row_s)
         sets = price(replace(engine, step_s=step_s, per_row_s=per_row_s))
         request_s = fit_request_s([s for done in sets for s in done], *bounds["request_s"])
-        score = objective([shift_ttft(done, request_s) for done in sets])
-        if best is None or score < best.objective:
-            best = Fit(step_s, per_row_s, float(piecewise), request_s, score, len(sets[0]))
+        point = Fit(step_s, per_row_s, float(piecewise), request_s,
+                    objective([shift_ttft(done, request_s) for done in sets]), len(sets[0]))
+        if progress is not None:
+            progress(point)
+        if best is None or point.objective < best.objective:
+            best = point
     return best
 
 
@@ -141,6 +146,14 @@ def write_fit(result: Fit) -> None:
     VLLM_PATH.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def describe(result: Fit) -> str:
+    """The fit's terms in ms and us, its objective and rows."""
+    return (f"step_s {result.step_s * 1e3:.3f} ms, per_row_s {result.per_row_s * 1e6:.2f} us, "
+            f"piecewise_layer_s {result.piecewise_layer_s * 1e6:.1f} us, request_s "
+            f"{result.request_s * 1e3:.2f} ms (objective {result.objective:.4f}, "
+            f"{result.rows} silicon rows)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Fit vLLM's own time on whole vLLM runs.")
     parser.add_argument("--rounds", type=int, default=SILICON_ROUNDS,
@@ -152,11 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     published = replace(load_vllm(), step_s=PUBLISHED_STEP_S, per_row_s=PUBLISHED_PER_ROW_S,
                         piecewise_layer_s=0.0, request_s=0.0, overlapped=True)
     result = fit(lambda engine: samples(engine, "kernels", args.rounds), published,
-                 all_bounds())
-    print(f"fitted: step_s {result.step_s * 1e3:.3f} ms, per_row_s "
-          f"{result.per_row_s * 1e6:.2f} us, piecewise_layer_s "
-          f"{result.piecewise_layer_s * 1e6:.1f} us, request_s {result.request_s * 1e3:.2f} ms"
-          f" (objective {result.objective:.4f}, {result.rows} silicon rows)", flush=True)
+                 all_bounds(), progress=lambda point: print("  tried", describe(point),
+                                                            flush=True))
+    print("fitted:", describe(result), flush=True)
     if not args.no_write:
         write_fit(result)
     print(report(published, result.engine(published)))

@@ -105,3 +105,10 @@ def test_the_objective_weighs_each_data_set_alike():
     exact = [_sample(0, 10.0, 10.0)]
     off = [_sample(i, 10.0, 12.0) for i in range(50)]
     assert objective([exact, off]) == pytest.approx((0.0 + 0.1) / 2)
+
+
+def test_the_fit_reports_every_grid_point_and_keeps_the_best():
+    seen = []
+    result = fit(_synthetic(TRUE), BASE, BOUNDS, progress=seen.append)
+    assert [p.piecewise_layer_s for p in seen] == pytest.approx([0, 50e-6, 100e-6, 150e-6, 200e-6])
+    assert result.objective == min(p.objective for p in seen)
