@@ -6,9 +6,7 @@
   and hosts, a model the Llama-2-70B validation never uses), per GPU host: the dispatch time
   per kernel that zeroes BLOOM's median decode error, the compute scale that zeroes its
   median prefill error.
-- vllm: vLLM V1 replays decode under CUDA graphs, so no per-layer dispatch; its scheduler,
-  input preparation and output processing cost a fixed time per step and per sequence, and
-  with async scheduling (on by default) run while the GPU computes the previous step.
+vLLM's own terms are set apart, on whole vLLM runs (servelab.calibration.engine_fit).
 """
 
 from __future__ import annotations
@@ -21,12 +19,6 @@ from servelab.calibration.splitwise import splitwise_steps
 from sim.cost.engine_overhead import EngineOverhead
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import known_gpu, known_shapes
-
-# vLLM V1's host time per step that CUDA graphs do not hide: the scheduler, input
-# preparation and output processing, about 1-2 ms a step at small batches with ~10 us
-# more per sequence (vLLM V1 design notes; CPU-overhead study in vLLM issue #6797).
-VLLM_STEP_S = 1.5e-3
-VLLM_PER_ROW_S = 10e-6
 
 
 def _bisect(median_error, lo: float, hi: float) -> float:
@@ -77,11 +69,6 @@ def engine_entries(data: dict) -> dict:
     """The 'engines' section of the fit file (needs the GPU terms already written)."""
     splitwise = {gpu: splitwise_terms(gpu) for gpu in ("a100-80gb", "h100")}
     return {
-        "vllm": {"_what": "vLLM V1 (CUDA graphs, async scheduling): host time per step and "
-                          "per sequence, overlapped with the GPU's step",
-                 "step_s": VLLM_STEP_S, "per_kernel_s": 0.0, "per_row_s": VLLM_PER_ROW_S,
-                 "overlapped": True,
-                 "source": "published vLLM V1 overhead figures (not fitted)"},
         **{f"splitwise-{gpu}": {
             "_what": "Splitwise's eager engine: host dispatch time per kernel; its GEMM and "
                      "attention FLOP/s as a fraction of the profiled kernels'",

@@ -91,8 +91,12 @@ def run_deployment(run: VllmRun, gpu_file: Path | None = None,
 
 def replay(run: VllmRun, gpu_file: Path | None = None, cost: str = DEFAULT_COST) -> dict:
     """Simulate `run` with its engine arguments; the summary dict of the whole run."""
+    return replay_on(run, run_deployment(run, gpu_file, cost))
+
+
+def replay_on(run: VllmRun, deployment: Deployment) -> dict:
+    """Simulate `run` on `deployment` (run_deployment's); the summary dict of the run."""
     kw = run.engine_kwargs
-    deployment = run_deployment(run, gpu_file, cost)
     model, dp = deployment.cost_model, deployment.parallel.data_parallel
     if not isinstance(model, GpuCostModel):
         raise ValueError(f"{run.name}: expected the fitted GPU model, got {type(model).__name__}")

@@ -26,8 +26,9 @@ from sim.cluster.closed_loop import ClosedLoop, run_closed_cluster, run_closed_t
 from sim.cluster.dp_lockstep import run_lockstep
 from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig
+from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_cost import GpuCostModel
-from sim.deployment import Deployment, DeploymentOptions, build_deployment
+from sim.deployment import DEFAULT_COST, Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
@@ -93,18 +94,23 @@ def _checkpoint_precision(row: SiliconRow, model: str) -> SiliconRow:
     return replace(row, precision="")
 
 
-def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE) -> Deployment:
-    """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, with
-    the cost model the deployment builds by default (`hardware`: a GPU preset or file)."""
+def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE,
+                   cost: str = DEFAULT_COST, vllm_version: str | None = None) -> Deployment:
+    """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, priced
+    by `cost` (a --cost value; `hardware`: a GPU preset or file), its host scheduling as
+    `vllm_version` (the row's) schedules by default."""
     try:
-        return build_deployment(DeploymentOptions(
+        deployment = build_deployment(DeploymentOptions(
             model=model, hardware=hardware, tensor_parallel=plan.tensor_parallel,
             data_parallel=plan.data_parallel, expert_parallel=plan.expert_parallel,
             max_num_batched_tokens=plan.max_num_batched_tokens,
             max_num_seqs=plan.max_num_seqs, quantization=plan.quantization,
-            kv_cache_dtype=plan.kv_cache_dtype))
+            kv_cache_dtype=plan.kv_cache_dtype, cost=cost))
     except ValueError as error:  # UnsupportedModelError included
         raise RowRefused(str(error)) from None
+    if vllm_version and isinstance(deployment.cost_model, GpuCostModel):
+        deployment.cost_model.use_engine(load_engine("vllm", vllm_version=vllm_version))
+    return deployment
 
 
 def scheduler_config(plan: ReplayPlan, deployment: Deployment) -> SchedulerConfig:
@@ -167,7 +173,8 @@ def simulate_row(row: SiliconRow, rounds: int = MEASURED_ROUNDS,
     try:
         model = row_model(row)  # the model's reason first: it outlasts a precision's
         plan = replay_plan(_checkpoint_precision(row, model), rounds)
-        requests = run_closed_loop(plan, row_deployment(model, plan, hardware))
+        deployment = row_deployment(model, plan, hardware, vllm_version=row.engine_version)
+        requests = run_closed_loop(plan, deployment)
         ttft_ms, tpot_ms = measured_means(requests)
     except RowRefused as refusal:
         return RowResult(row, None, None, str(refusal))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from sim.cluster.closed_loop import ClosedLoop
 from sim.cost.gpu_cost import GpuCostModel
-from sim.engine.core import BatchPlan, Request, StepResult
+from sim.engine.core import BatchPlan, Request, StepResult, request_overhead_s
 from sim.engine.step import Engine
 from sim.engine.step_log import StepLog
 from sim.replay.simulation import RunResult, StalledError
@@ -36,8 +36,10 @@ def group_step_s(model: GpuCostModel, plans: Sequence[BatchPlan | None]) -> floa
 class _Arrivals:
     """Requests in release order: the trace's times, or the loop's releases as answers end."""
 
-    def __init__(self, requests: Sequence[Request], loop: ClosedLoop | None) -> None:
+    def __init__(self, requests: Sequence[Request], loop: ClosedLoop | None,
+                 delay_s: float = 0.0) -> None:
         self.loop = loop
+        self.delay_s = delay_s  # from release to the scheduler (the front end's time)
         self.heap: list[tuple[float, int, Request]] = []  # (arrival_s, order, request)
         self.order = 0
         started = (loop.start() if loop is not None
@@ -48,7 +50,7 @@ class _Arrivals:
     def release(self, at_s: float, request: Request) -> None:
         if self.loop is not None:
             self.loop.released(request, at_s)
-        heapq.heappush(self.heap, (at_s, self.order, request))
+        heapq.heappush(self.heap, (at_s + self.delay_s, self.order, request))
         self.order += 1
 
     def answered(self, request: Request, at_s: float) -> None:
@@ -72,7 +74,8 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                  model: GpuCostModel, loop: ClosedLoop | None = None) -> RunResult:
     """Replay requests over data-parallel ranks stepping together: at their arrival_s, or
     as `loop` releases them."""
-    arrivals, now = _Arrivals(requests, loop), 0.0
+    # The front end's time before the scheduler sees a request.
+    arrivals, now = _Arrivals(requests, loop, request_overhead_s(model)), 0.0
     try:
         while True:
             for request in arrivals.due(now):

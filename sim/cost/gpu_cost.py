@@ -41,7 +41,6 @@ class GpuCostModel(LayerCost):
                             attn_prefill_eff_compute=terms.attn_prefill_eff_compute * scale)
         super().__init__(shapes, peaks, terms, tensor_parallel, expert_parallel, dtype_bytes,
                          quantization, engine.per_kernel_s)
-        self.engine = engine
         s, t = shapes, terms
         # The KV cache's element bytes (--kv-cache-dtype): what decode attention reads and
         # a swap moves; the fitted efficiencies are the 16-bit kernels' (extrapolated).
@@ -72,11 +71,23 @@ class GpuCostModel(LayerCost):
             self._swap_s_per_token *= 1.0 - self._window_share
         self._prefill_floor_s = t.attn_prefill_floor_s
         self._decode_floor_s = t.attn_decode_floor_s
-        self._overlapped = engine.overlapped
         self._host_layer_s = self._kernel_s * self.kernels_per_layer()
-        # Parts that depend only on the step's tokens (layer, embedding) or rows (sampling,
-        # host time), computed once per count.
+        self.use_engine(engine)
+        # Parts that depend only on the step's tokens (layer, embedding), computed once per
+        # count.
         self._token_cache: dict[int, tuple[float, float]] = {}
+
+    def use_engine(self, engine: EngineOverhead) -> None:
+        """Price steps and requests with `engine`'s host and front-end terms (its kernel
+        dispatch and compute scale are the ones the model was built with)."""
+        if hasattr(self, "engine") and (engine.per_kernel_s, engine.compute_scale) != (
+                self.engine.per_kernel_s, self.engine.compute_scale):
+            raise ValueError(f"engine {engine.name}: per_kernel_s and compute_scale are set "
+                             "when the model is built")
+        self.engine = engine
+        self._overlapped = engine.overlapped
+        self.request_overhead_s = engine.request_s  # HasRequestOverhead: TTFT, once
+        # Rows' sampling and host time by row count (cleared: the host terms changed).
         self._row_cache: dict[int, tuple[float, float]] = {}
 
     def _latent_attention(self, peaks: GpuPeaks, kv_bytes: int) -> None:
@@ -138,6 +149,8 @@ class GpuCostModel(LayerCost):
                     decode_seqs, plan.decode_context / decode_seqs, self._group)
             layer += self._decode_floor_s + kv_s
             host += self._kernel_s
+        if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
+            host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches
         # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
         # the slower of the two sets the layer's time.
         gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
@@ -169,6 +182,8 @@ class GpuCostModel(LayerCost):
             per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
         base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
         host = self._host_layer_s + self._kernel_s
+        if not self.engine.full_graph(0, rows):
+            host += self.engine.piecewise_layer_s
         floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
         overlapped = self._overlapped
         contexts = range(context, context + rows * num_steps, rows)
@@ -176,7 +191,7 @@ class GpuCostModel(LayerCost):
             share, bound = self._window_share, rows * self._window
             contexts = [(1.0 - share) * ctx + share * (ctx if ctx < bound else bound)
                         for ctx in contexts]
-        if not self._kernel_s and overlapped:  # CUDA graphs, async host: the common case
+        if host == 0.0 and overlapped:  # full CUDA graphs, async host: the common case
             return [g if g > host_s else host_s
                     for g in (layers * (base + (floor + per_kv * ctx)) + embed + sample
                               for ctx in contexts)]

@@ -250,6 +250,8 @@ class KernelCostModel(GpuCostModel):
                 curve = self._decode_rows[decode_seqs] = self._generation.row(decode_seqs)
             layer += curve(plan.decode_context / decode_seqs) * MS
             host += self._kernel_s
+        if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
+            host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches
         gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
         gpu_s += swap_s
         if self._overlapped:  # the host's step work runs beside the GPU's
@@ -269,6 +271,8 @@ class KernelCostModel(GpuCostModel):
             per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
         base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
         host = self._host_layer_s + self._kernel_s
+        if not self.engine.full_graph(0, rows):
+            host += self.engine.piecewise_layer_s
         curve, layers, overlapped = self._generation.row(rows), self._layers, self._overlapped
         out = []
         for ctx in range(context, context + rows * num_steps, rows):
@@ -287,7 +291,8 @@ def kernel_cost_backend(model: ModelSpec, hardware: HardwareSpec, tables: Kernel
                         engine: str = "vllm", kv_cache_dtype: str = "auto") -> KernelCostModel:
     """The measured-kernel model for a servelab ModelSpec on a HardwareSpec, as vLLM runs it."""
     return KernelCostModel(LayerShapes.from_model_spec(model),
-                           hardware, load_engine(engine), tables,
+                           hardware, load_engine(engine, vllm_version=tables.vllm_version),
+                           tables,
                            tensor_parallel=tensor_parallel, expert_parallel=expert_parallel,
                            dtype=dtype, quantization=quantization,
                            kv_cache_dtype=kv_cache_dtype)
