@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +22,7 @@ from servelab.commands import (
     trace,
     validate,
 )
+from servelab.flag_types import OneLineParser, check_numeric_flags
 
 # Each subcommand module exposes register(subparsers); register() sets args.func.
 COMMANDS = (
@@ -30,13 +32,14 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="servelab",
         description="A lab for LLM serving schedulers: simulate, run and compare policies.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.register(subparsers)
+    check_numeric_flags(parser)
     return parser
 
 
@@ -52,3 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"servelab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's final flush has nowhere to fail
+        return 141  # 128 + SIGPIPE

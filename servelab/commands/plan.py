@@ -29,7 +29,7 @@ from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.specs.engine_limits import ENGINE_DEFAULTS
-from sim.specs.hardware import HARDWARE_SPECS
+from sim.specs.hardware import HARDWARE_SPECS, hardware_spec
 from sim.specs.model_config import resolve_model
 
 _TABLE = ("deployment", "engines", "gpus", "usd_per_hour", "p99_ttft_ms", "p99_itl_ms",
@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="GPU presets or files (default: every shipped GPU)")
     space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
                        help="tensor-parallel degrees")
-    space.add_argument("--data-parallel-size", "--dp", dest="dp", default=None,
+    space.add_argument("--dp", dest="dp", default=None, help=argparse.SUPPRESS)  # old spelling
+    space.add_argument("--data-parallel-size", "-dp", dest="dp", default=None,
                        help="data-parallel degrees, experts sharded over them (vLLM's "
                             "--enable-expert-parallel); default 1,2,4 for an MoE model, "
                             "else 1")
@@ -96,10 +97,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _list(text: str, kind: type = str) -> list:
+    """'a,b' -> [a, b] read as `kind`; an empty item, or a number <= 0, is an error."""
+    parts = [part.strip() for part in text.split(",")]
+    if text.strip() and not all(parts):
+        raise ValueError(f"the list {text!r} has an empty item")
     try:
-        return [kind(part.strip()) for part in text.split(",") if part.strip()]
+        values = [kind(part) for part in parts if part]
     except ValueError:
         raise ValueError(f"cannot read the list {text!r}") from None
+    if kind is not str and not all(v > 0 for v in values):
+        raise ValueError(f"the list {text!r} needs numbers > 0")
+    return values
 
 
 def _prices(text: str) -> dict[str, float]:
@@ -114,6 +122,8 @@ def _prices(text: str) -> dict[str, float]:
 
 
 def _families(args: argparse.Namespace) -> list[Family]:
+    for name in _list(args.hardware):
+        hardware_spec(name)  # an unknown GPU is an error before any probe runs
     for router in _list(args.routers):
         if router not in ROUTERS:
             raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")

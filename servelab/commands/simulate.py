@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
     add_scheduler_args,
+    default_policy,
     deployment_options,
     deployment_scheduler_config,
     format_classes,
@@ -20,8 +22,8 @@ from servelab.sim_args import (
     write_json_atomic,
 )
 from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
-from sim.deployment import build_deployment
-from sim.engine.scheduler_config import DEFAULT_POLICY
+from sim.deployment import Deployment, build_deployment
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from sim.replay.overload import Overload
 from workloads import Trace
@@ -31,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulate one policy on a trace")
     add_trace_args(sim, positional=False)
     sim.add_argument("--policy", default=None,
-                     help="static|continuous|recompute|chunked (default continuous, or the "
+                     help="static|continuous|recompute|chunked (default continuous; chunked, "
+                          "as vLLM runs, when --model or --hardware names a deployment; or the "
                           "policy of the server a calibration came from)")
     _add_deployment_args(sim)
     sim.set_defaults(func=lambda args: _run(args, None))
@@ -63,7 +66,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     backend, where = deployment.cost_model, deployment.description
     if policies is None:  # simulate: its --policy, or the calibrated server's
         server_policy = dict(deployment.server_limits).get("policy")
-        policies = parse_policies(args.policy or server_policy or DEFAULT_POLICY)
+        policies = parse_policies(args.policy or server_policy or default_policy(deployment))
     configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
@@ -82,7 +85,11 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
+    print(engine_settings(configs, deployment))
     _print_results(results, {p: outcomes[p].verdict for p in policies})
+    rejected = rejections(trace, configs, results)
+    if rejected:
+        print(f"\n{rejected}")
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
@@ -103,7 +110,43 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         write_json_atomic(args.out / "summary.json", payload)
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
-    return 0
+    return _served_something(results, args.command)
+
+
+def engine_settings(configs: dict[str, SchedulerConfig], deployment: Deployment) -> str:
+    """The limits each policy ran with, and whose defaults filled the unset ones."""
+    whose = ("vLLM's defaults for this GPU" if deployment.engine_limits.vllm
+             else "servelab's CPU-lab defaults")
+    settings = sorted({(c.max_num_seqs, c.budget, c.max_model_len) for c in configs.values()})
+    text = "; ".join(f"max_num_seqs {seqs}, max_num_batched_tokens {budget}, max_model_len "
+                     f"{length}" for seqs, budget, length in settings)
+    return f"engine: {text} (unset limits: {whose})"
+
+
+def rejections(trace: Trace, configs: dict[str, SchedulerConfig], results: dict) -> str:
+    """Which requests each policy rejected and why, as vLLM answers them 400 ('' if none)."""
+    lines = []
+    for policy, config in configs.items():
+        count = results[policy].get("rejected") or 0
+        if not count:
+            continue
+        totals = trace.prompt_len + trace.output_len
+        reasons = [config.never_fits(int(n)) for n in totals]
+        first = next((r for r in reasons if r), "longer than the engine takes")
+        lines.append(f"{policy}: rejected {count} of {len(trace)} requests (HTTP 400 from a "
+                     f"server), e.g. {first}")
+    return "\n".join(lines)
+
+
+def _served_something(results: dict[str, dict], command: str) -> int:
+    """0, or 1 with a one-line error when some policy completed no request."""
+    empty = [p for p, summary in results.items() if not summary.get("completed")]
+    if not empty:
+        return 0
+    print(f"servelab {command}: error: {', '.join(empty)} served no request (see the "
+          "rejections above)",
+          file=sys.stderr)
+    return 1
 
 
 def _print_results(results: dict[str, dict], verdicts: dict[str, Overload | None]) -> None:

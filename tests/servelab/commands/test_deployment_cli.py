@@ -181,8 +181,13 @@ def test_serve_simulate_takes_vllm_flags() -> None:
         "--tensor-parallel-size", "2", "--dtype", "bfloat16", "--gpu-memory-utilization",
         "0.8", "--max-num-batched-tokens", "4096", "--policy", "chunked"])
     parts = _simulated_parts(args, load_tokenizer(None))
+    # A named deployment takes vLLM's limits for a 96 GiB GPU: 1024 sequences, the model's
+    # whole context; the memory profile runs the budget given.
     expected = build_deployment(DeploymentOptions(
-        "Qwen/Qwen3-32B", "rtx-pro-6000", tensor_parallel=2, gpu_memory_utilization=0.8))
+        "Qwen/Qwen3-32B", "rtx-pro-6000", tensor_parallel=2, gpu_memory_utilization=0.8,
+        max_num_batched_tokens=4096, vllm_defaults=True))
     assert parts.scheduler.config.num_blocks == expected.kv_pool.num_blocks
     assert parts.scheduler.config.budget == 4096
+    assert parts.scheduler.config.max_num_seqs == 1024
+    assert parts.scheduler.config.max_model_len == expected.model.max_position_embeddings
     assert "2x rtx-pro-6000" in parts.where
