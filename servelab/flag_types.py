@@ -14,6 +14,8 @@ NONNEGATIVE = frozenset({"seed", "port", "start_s", "end_s", "sjf_noise", "tempe
 # Shares of a whole: above 0 (0 allowed where NONNEGATIVE says so) and at most 1.
 FRACTIONS = frozenset({"gpu_memory_utilization", "top_p", "max_failed_share",
                        "capacity_tolerance"})
+# Rates where inf means "all at once", as vLLM's benchmark reads it.
+INFINITE_OK = frozenset({"request_rate", "replay_rate"})
 # Flags with an upper bound of their own.
 MAXIMA = {"port": 65535}
 
@@ -40,7 +42,8 @@ def checked_type(kind: type, dest: str) -> Callable[[str], int | float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}") from None
         too_low = value < 0 if low_ok else value <= 0
-        if not math.isfinite(value) or too_low or (top is not None and value > top):
+        finite = math.isfinite(value) or (dest in INFINITE_OK and value == math.inf)
+        if not finite or too_low or (top is not None and value > top):
             raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}")
         return value
 

@@ -22,7 +22,7 @@ from servelab.sweeps.deployment_search import (
 )
 from servelab.sweeps.grid import CapacitySlo, find_capacity
 from servelab.sweeps.runners import LocalRunner, RayRunner
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.cluster.config import DEFAULT_KV_LINK_GBPS
 from sim.cluster.router import ROUTERS
 from sim.cost.gpu_terms import coverage as gpu_coverage
@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan", help="cheapest deployments (GPUs, TP, replicas, P/D, router) holding an SLO",
         description=__doc__.splitlines()[0])
     add_trace_args(plan, positional=False)
+    add_rate_args(plan)
     plan.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     slo = plan.add_argument_group("SLO")
     slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)

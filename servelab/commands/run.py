@@ -25,7 +25,7 @@ from servelab.sim_args import (
     slo_from_args,
     write_json_atomic,
 )
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.cluster.closed_loop import closed_loop
 from sim.engine.core import SamplingParams
 from sim.engine.scheduler_config import DEFAULT_POLICY, POLICIES
@@ -37,6 +37,7 @@ from sim.replay.workload import requests_from_trace
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser("run", help="replay a trace on the real model (measured)")
     add_trace_args(run, positional=False)
+    add_rate_args(run)
     run.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     run.add_argument("--policy", default=DEFAULT_POLICY, help="|".join(POLICIES))
     add_scheduler_args(run)

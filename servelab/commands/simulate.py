@@ -21,7 +21,7 @@ from servelab.sim_args import (
     slo_from_args,
     write_json_atomic,
 )
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.deployment import Deployment, build_deployment
 from sim.engine.scheduler_config import SchedulerConfig
 from sim.policy_runs import PolicyOutcome, simulate_policies
@@ -32,6 +32,7 @@ from workloads import Trace
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulate one policy on a trace")
     add_trace_args(sim, positional=False)
+    add_rate_args(sim)
     sim.add_argument("--policy", default=None,
                      help="static|continuous|recompute|chunked (default continuous; chunked, "
                           "as vLLM runs, when --model or --hardware names a deployment; or the "
@@ -41,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     cmp = subparsers.add_parser("compare", help="simulate several policies on one trace")
     add_trace_args(cmp, positional=False)
+    add_rate_args(cmp)
     cmp.add_argument("--policies", default="static,continuous,recompute,chunked",
                      help="comma-separated policies")
     cmp.add_argument("--workers", type=int, default=None,

@@ -34,7 +34,7 @@ from servelab.sweeps.grid import (
 )
 from servelab.sweeps.rising import sweep_capacity, was_run
 from servelab.sweeps.runners import LocalRunner, RayRunner
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.deployment import Deployment, build_deployment
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sweep", help="simulate policies x rates x limits; capacity at SLO",
         description=__doc__.splitlines()[0])
     add_trace_args(sweep, positional=False)
+    add_rate_args(sweep)
     sweep.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     grid_args = sweep.add_argument_group("grid (comma-separated lists)")
     grid_args.add_argument("--policies", default="static,continuous,recompute,chunked")

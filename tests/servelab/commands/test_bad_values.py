@@ -44,7 +44,7 @@ BAD = [
 def test_bad_value_is_one_line_and_exit_2(argv: list[str], capsys) -> None:
     try:
         code = main(argv)
-    except SystemExit as exit_:  # argparse's own errors
+    except SystemExit as exit_:  # a value the parser refuses
         code = exit_.code
     err = capsys.readouterr().err
     assert code == 2, err
