@@ -8,12 +8,12 @@ import math
 from collections.abc import Callable, Iterator
 
 # Flags where 0 means something (a seed, any free port, no noise, greedy sampling, the
-# trace's start, no failure allowed).
+# trace's start, no failure allowed, no retry).
 NONNEGATIVE = frozenset({"seed", "port", "start_s", "end_s", "sjf_noise", "temperature", "top_k",
-                         "max_failed_share"})
+                         "max_failed_share", "retries", "retry_budget_ratio",
+                         "retry_budget_min"})
 # Shares of a whole: above 0 (0 allowed where NONNEGATIVE says so) and at most 1.
-FRACTIONS = frozenset({"gpu_memory_utilization", "top_p", "max_failed_share",
-                       "capacity_tolerance"})
+FRACTIONS = frozenset({"gpu_memory_utilization", "top_p", "max_failed_share"})
 # Rates where inf means "all at once", as vLLM's benchmark reads it.
 INFINITE_OK = frozenset({"request_rate", "replay_rate"})
 # Flags with an upper bound of their own.

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from servelab.slo_args import add_goodput_args
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import (
     COSTS,
@@ -25,7 +26,6 @@ from sim.engine.scheduler_config import (
     VLLM_POLICY,
     SchedulerConfig,
 )
-from sim.replay.metrics import Slo
 from sim.specs.engine_limits import ENGINE_DEFAULTS, EngineLimits
 from workloads.formats.files import atomic_output
 
@@ -85,8 +85,7 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for per-request/per-step tables and charts")
-    parser.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
-    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
+    add_goodput_args(parser)
 
 
 def parse_policies(text: str) -> list[str]:
@@ -161,12 +160,6 @@ def default_policy(deployment: Deployment) -> str:
     """vLLM's (chunked prefill, always on in V1) where the deployment takes vLLM's limits,
     else the CPU lab's DEFAULT_POLICY."""
     return VLLM_POLICY if deployment.engine_limits.vllm else DEFAULT_POLICY
-
-
-def slo_from_args(args: argparse.Namespace) -> Slo | None:
-    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
-        return None
-    return Slo(args.slo_ttft_ms, args.slo_tpot_ms)
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:

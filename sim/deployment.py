@@ -215,8 +215,9 @@ def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
                    parallel: Parallelism, limits: EngineLimits) -> int:
     """What vLLM's memory profile holds back on each GPU for these limits (sim.specs.kv_reserve)."""
     tokens = options.max_num_batched_tokens or limits.token_budget
+    seqs = limits.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs
     try:
-        shape = ProfileShape(tokens, options.max_num_seqs or limits.max_num_seqs)
+        shape = ProfileShape(tokens, seqs)
     except ValueError as error:
         raise ValueError(f"--max-num-batched-tokens / --max-num-seqs: {error}") from None
     return vllm_reserve_bytes(model, shape, DTYPE_BYTES[dtype], parallel.tensor_parallel,

@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
                      help="tokens per KV block")
-    cal.add_argument("--max-model-len", type=int, default=None)
+    cal.add_argument("--max-model-len", type=int, default=None,
+                     help="prompt+output limit per request (default: the model's)")
     cal.add_argument("--repeats", type=int, default=15,
                      help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")

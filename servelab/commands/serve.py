@@ -47,8 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random weights, and the seeds of requests that give none")
     parser.add_argument("--policy", default=None,
-                        help="static|continuous|recompute|chunked (default continuous, or under "
-                             "--simulate the policy of the server a calibration came from)")
+                        help="static|continuous|recompute|chunked (default continuous; under "
+                             "--simulate, chunked with vLLM's limits when --model or --hardware "
+                             "names the deployment, or the policy of the server a calibration "
+                             "came from)")
     add_scheduler_args(parser)
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")

@@ -18,9 +18,9 @@ from servelab.sim_args import (
     format_classes,
     format_summaries,
     parse_policies,
-    slo_from_args,
     write_json_atomic,
 )
+from servelab.slo_args import add_slo_p99_args, slo_from_args, slo_p99_verdicts
 from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.deployment import Deployment, build_deployment
 from sim.engine.scheduler_config import SchedulerConfig
@@ -56,6 +56,7 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser)
     add_cost_model_args(parser)
     add_output_args(parser)
+    add_slo_p99_args(parser, None, None, "the summary says whether each run holds it")
     loop = parser.add_argument_group("closed loop")
     loop.add_argument("--users", type=int, default=None,
                       help="closed loop: N users, each sending its next request (or session) "
@@ -83,21 +84,23 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
                                   getattr(args, "workers", None), cluster, args.users,
                                   args.open_loop)
     results = {p: _with_verdict(outcomes[p]) for p in policies}
+    held = slo_p99_verdicts(results, args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
     print(engine_settings(configs, deployment))
     _print_results(results, {p: outcomes[p].verdict for p in policies})
-    rejected = rejections(trace, configs, results)
-    if rejected:
-        print(f"\n{rejected}")
+    for block in (held, rejections(trace, configs, results)):
+        if block:
+            print(f"\n{block}")
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
             "deployment": where,
             "scheduler": {p: c.as_record() for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
+            "slo_p99": {"ttft_p99_ms": args.slo_ttft_p99_ms, "itl_p99_ms": args.slo_itl_p99_ms},
             "cluster": None if cluster is None else asdict(cluster),
         },
         "results": results,

@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_args(val, positional=False)
     add_rate_args(val)
     val.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
-    val.add_argument("--policies", default="static,continuous,recompute,chunked")
+    val.add_argument("--policies", default="static,continuous,recompute,chunked",
+                     help="batching policies (default: all four)")
     cal = val.add_mutually_exclusive_group(required=True)
     # With --url, --cost-model is a calibration of that server (calibrate --url).
     cal.add_argument("--cost-model", type=Path, help="calibration JSON")

@@ -64,9 +64,8 @@ def test_quantization_fp8_as_vllm_spells_it(tmp_path: Path, capsys) -> None:
     assert main(argv) == 0, capsys.readouterr().err
     row = json.loads((tmp_path / "plan.json").read_text())["cheapest"][0]
     assert row["simulate_args"][-2:] == ["--quantization", "fp8"]
-    with pytest.raises(SystemExit) as refused:
-        main(["simulate", "--trace", TINY, "--quantization", "int4"])
-    assert refused.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+    refused = main(["simulate", "--trace", TINY, "--quantization", "int4"])
+    assert refused == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
     config = json.loads((MODELS_DIR / "meta-llama--Llama-3.1-8B.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8"}  # an FP8 checkpoint: as vLLM
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -96,10 +96,7 @@ def test_simulate_out_writes_tables_charts_and_summary(tmp_path, capsys):
 )
 def test_bad_cli_values_give_one_line_and_nonzero_exit(argv, needle, capsys, tmp_path):
     json_path = tmp_path / "never.json"
-    try:
-        code = main([*argv, "--json", str(json_path)])
-    except SystemExit as exit_:  # a value the parser refuses
-        code = exit_.code
+    code = main([*argv, "--json", str(json_path)])
     out, err = capsys.readouterr()
     assert code == 2
     lines = err.strip().splitlines()

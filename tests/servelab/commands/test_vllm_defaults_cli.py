@@ -94,3 +94,33 @@ def test_request_rate_draws_vllms_arrivals_for_a_generated_workload():
 def test_request_rate_refuses_what_it_cannot_mean(flags, needle, capsys):
     assert main(["simulate", *TRACE, *flags]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_goodput_and_p99_targets_speak_one_family(tmp_path, capsys):
+    out = tmp_path / "slo.json"
+    argv = ["simulate", *TRACE, "--policy", "chunked", "--goodput", "ttft:500", "tpot:50",
+            "--slo-ttft-p99-ms", "1", "--slo-itl-p99-ms", "1000", "--json", str(out)]
+    assert main(argv) == 0
+    assert "chunked: misses the SLO (p99_ttft" in capsys.readouterr().out
+    payload = json.loads(out.read_text())
+    assert payload["config"]["slo"] == {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    assert payload["results"]["chunked"]["slo_p99_held"] is False
+    # The old spelling is a hidden alias of the same bound.
+    old = tmp_path / "old.json"
+    assert main(["simulate", *TRACE, "--policy", "chunked", "--slo-ttft-ms", "500",
+                 "--slo-tpot-ms", "50", "--json", str(old)]) == 0
+    assert json.loads(old.read_text())["results"]["chunked"]["goodput"] == payload["results"][
+        "chunked"]["goodput"]
+
+
+def test_sweep_keeps_its_old_capacity_spelling():
+    args = build_parser().parse_args(["sweep", *TRACE, "--capacity-ttft-p99-ms", "300"])
+    assert (args.slo_ttft_p99_ms, args.slo_itl_p99_ms) == (300.0, 200.0)
+
+
+def test_sweep_grid_defaults_follow_the_named_gpu(tmp_path):
+    out = tmp_path / "sweep.json"
+    assert main(["sweep", *TRACE, "--policies", "chunked", "--qps-scales", "1", "--hardware",
+                 "h200", "--workers", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["token_budget"], row["max_num_seqs"]) == (8192, 1024)
