@@ -18,6 +18,7 @@ from servelab.sim_args import (
     format_classes,
     format_summaries,
     parse_policies,
+    priced_at_budget,
     write_json_atomic,
 )
 from servelab.slo_args import add_slo_p99_args, slo_from_args, slo_p99_verdicts
@@ -71,10 +72,9 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         server_policy = dict(deployment.server_limits).get("policy")
         policies = parse_policies(args.policy or server_policy or default_policy(deployment))
     configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
-    if getattr(args, "workers", None) is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.users is not None and args.users < 1:
-        raise ValueError(f"--users must be >= 1, got {args.users}")
+    if deployment.engine_limits.vllm:  # coverage at vLLM's budget, not the lab's default
+        where = priced_at_budget(where, deployment, max(c.budget for c in configs.values()))
+    # --workers and --users are >= 1 by their types (servelab.flag_types).
     if args.users is not None and args.open_loop:
         raise ValueError("--users runs a closed loop; it does not combine with --open-loop")
     cluster = cluster_from_args(args, deployment)
@@ -100,11 +100,13 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
             "deployment": where,
             "scheduler": {p: c.as_record() for p, c in configs.items()},
             "slo": None if slo is None else asdict(slo),
-            "slo_p99": {"ttft_p99_ms": args.slo_ttft_p99_ms, "itl_p99_ms": args.slo_itl_p99_ms},
             "cluster": None if cluster is None else asdict(cluster),
         },
         "results": results,
     }
+    if held:  # p99 targets given: the config records them beside the goodput bounds
+        payload["config"]["slo_p99"] = {"ttft_p99_ms": args.slo_ttft_p99_ms,
+                                        "itl_p99_ms": args.slo_itl_p99_ms}
     if cluster is not None:
         payload["replicas"] = {p: outcomes[p].replicas.to_dict("records") for p in policies}
         for policy in policies:

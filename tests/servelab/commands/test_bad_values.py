@@ -38,6 +38,11 @@ BAD = [
     ["calibrate", "--repeats", "0"],
     ["bench-serve", "--url", "http://127.0.0.1:9", *TRACE, "--request-rate", "-2"],
     ["route", "--port", "-1"],
+    ["report", "--workers", "0"],
+    ["fidelity-gpu", "--silicon-rounds", "0"],
+    ["simulate", *TRACE, "--request-rate", "0"],
+    ["simulate", "--trace", "synthetic:tenant=a,n=5,rate=1,system=x;tenant=b,n=5,rate=1"],
+    ["sweep", *TRACE, "--slo-ttft-p99-ms", "-5"],
 ]
 
 
