@@ -27,6 +27,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def add_hidden_alias(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str,
+                     dest: str, kind: type | None = None) -> None:
+    """`flag` as an old spelling of the option stored in `dest`: it works, help omits it."""
+    parser.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+
+
 def checked_type(kind: type, dest: str) -> Callable[[str], int | float]:
     """A `type=` for argparse that reads `kind` and enforces the range `dest` allows."""
     low_ok = dest in NONNEGATIVE

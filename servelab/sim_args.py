@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from servelab.flag_types import add_hidden_alias
 from servelab.slo_args import add_goodput_args
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
@@ -43,8 +44,9 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
                             "when simulating, --kv-cache-gib on the executor)")
     group.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
                        help="tokens per KV block")
-    group.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
-                       type=int, default=None,
+    add_hidden_alias(group, "--token-budget", "token_budget", int)  # servelab's first name
+    group.add_argument("--max-num-batched-tokens", dest="token_budget", type=int, default=None,
+                       metavar="N",
                        help="most tokens per step (default: chunked's is vLLM's for the GPU "
                             "when --model or --hardware names a deployment, else "
                             f"{ENGINE_DEFAULTS.token_budget}; other policies max-model-len)")
@@ -223,7 +225,8 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
                        help="fp8: linear layers' weights in one byte, their GEMMs on FP8 "
                             "tensor cores where the GPU has them (vLLM's --quantization fp8)")
-    group.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=int,
+    add_hidden_alias(group, "--tp", "tp", int)  # servelab's first name
+    group.add_argument("--tensor-parallel-size", "-tp", dest="tp", type=int,
                        default=None if serve else 1,
                        help="tensor-parallel GPUs per engine (analytic model; default 1)")
     group.add_argument("--data-parallel-size", "-dp", dest="data_parallel_size", type=int,

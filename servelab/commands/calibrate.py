@@ -15,6 +15,7 @@ from servelab.calibration.fit import (
     profile_backend,
     save_calibration,
 )
+from servelab.flag_types import add_hidden_alias
 from servelab.model_args import (
     add_model_args,
     add_server_args,
@@ -41,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
                         help="most running requests (vLLM's max_num_seqs; default "
                              f"{ENGINE_DEFAULTS.max_num_seqs})")
-    limits.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
+    add_hidden_alias(limits, "--token-budget", "token_budget", int)  # servelab's first name
+    limits.add_argument("--max-num-batched-tokens", dest="token_budget",
                         type=int, default=ENGINE_DEFAULTS.token_budget,
                         help="most tokens per step (vLLM's max_num_batched_tokens)")
     limits.add_argument("--num-blocks", type=int, default=None,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.cluster_args import parse_pd
+from servelab.flag_types import add_hidden_alias
 from servelab.sim_args import add_prefix_caching_arg, write_json_atomic
 from servelab.slo_args import add_slo_p99_args
 from servelab.sweeps.deployment_search import (
@@ -67,9 +68,10 @@ def _add_space_args(plan: argparse.ArgumentParser) -> None:
                             "(default); roofline: the analytic roofline")
     space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
                        help="GPU presets or files (default: every shipped GPU)")
-    space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
+    add_hidden_alias(space, "--tp", "tp")  # servelab's first names
+    add_hidden_alias(space, "--dp", "dp")
+    space.add_argument("--tensor-parallel-size", "-tp", dest="tp", default="1,2,4,8",
                        help="tensor-parallel degrees")
-    space.add_argument("--dp", dest="dp", default=None, help=argparse.SUPPRESS)  # old spelling
     space.add_argument("--data-parallel-size", "-dp", dest="dp", default=None,
                        help="data-parallel degrees, experts sharded over them (vLLM's "
                             "--enable-expert-parallel); default 1,2,4 for an MoE model, "
