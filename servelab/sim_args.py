@@ -8,6 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from servelab.flag_types import add_hidden_alias
+from servelab.slo_args import add_goodput_args
+from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import KV_CACHE_DTYPES, QUANTIZATIONS
 from sim.deployment import (
     COSTS,
@@ -22,31 +25,37 @@ from sim.engine.scheduler_config import (
     POLICIES,
     PREEMPTION_MODES,
     QUEUES,
+    VLLM_POLICY,
     SchedulerConfig,
 )
 from sim.engine.speculation.config import SpeculativeConfig
-from sim.replay.metrics import Slo
-from sim.specs.engine_limits import ENGINE_DEFAULTS
+from sim.specs.engine_limits import ENGINE_DEFAULTS, EngineLimits
 from workloads.formats.files import atomic_output
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     """--max-num-seqs, --num-blocks, --block-size, --token-budget, --max-model-len."""
     group = parser.add_argument_group("scheduler")
-    group.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
-                       help="most running requests")
+    group.add_argument("--max-num-seqs", type=int, default=None,
+                       help="most running requests (default: vLLM's for the GPU when --model "
+                            f"or --hardware names a deployment, else "
+                            f"{ENGINE_DEFAULTS.max_num_seqs})")
     group.add_argument("--num-blocks", type=int, default=None,
                        help="KV pool in blocks (default: GPU memory left after weights "
                             "when simulating, --kv-cache-gib on the executor)")
     group.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
                        help="tokens per KV block")
-    group.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
-                       type=int, default=None,
-                       help=f"most tokens per step (default: {ENGINE_DEFAULTS.token_budget} "
-                            "chunked, else max-model-len)")
+    add_hidden_alias(group, "--token-budget", "token_budget", int)  # servelab's first name
+    group.add_argument("--max-num-batched-tokens", dest="token_budget", type=int, default=None,
+                       metavar="N",
+                       help="most tokens per step (default: chunked's is vLLM's for the GPU "
+                            "when --model or --hardware names a deployment, else "
+                            f"{ENGINE_DEFAULTS.token_budget}; other policies max-model-len)")
     group.add_argument("--max-model-len", type=int, default=None,
-                       help="prompt+output limit per request (default: the model's, <= "
-                            f"{ENGINE_DEFAULTS.max_model_len})")
+                       help="prompt+output limit per request; longer requests are rejected "
+                            "(default: the model's context; <= "
+                            f"{ENGINE_DEFAULTS.max_model_len} unless --model or --hardware "
+                            "names a deployment)")
     add_prefix_caching_arg(group)
     group.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding, vLLM\'s JSON: {"method": "ngram", '
@@ -85,15 +94,14 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for per-request/per-step tables and charts")
-    parser.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
-    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
+    add_goodput_args(parser)
 
 
 def parse_policies(text: str) -> list[str]:
     """'a,b' -> ['a', 'b'], each a known policy, no repeats."""
-    policies = [p.strip() for p in text.split(",") if p.strip()]
-    if not policies:
-        raise ValueError("--policies is empty")
+    policies = [p.strip() for p in text.split(",")]
+    if not all(policies):
+        raise ValueError(f"--policies {text!r} has an empty item")
     for policy in policies:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
@@ -105,16 +113,26 @@ def parse_policies(text: str) -> list[str]:
 def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
                      max_model_len: int,
                      blocks_in_gib: Callable[[float], int] | None = None,
-                     server: dict[str, Any] | None = None) -> SchedulerConfig:
+                     server: dict[str, Any] | None = None,
+                     limits: EngineLimits | None = None) -> SchedulerConfig:
     """The SchedulerConfig the flags describe (validated by SchedulerConfig itself);
     blocks_in_gib sizes --swap-space-gib in KV blocks of the deployment; `server`'s limits
-    (a calibrated server's) replace the flags left at their defaults."""
+    (a calibrated server's) replace the flags left at their defaults, then `limits` (the
+    deployment's, ENGINE_DEFAULTS when None) fill the rest."""
     server = server or {}
+    limits = limits or ENGINE_DEFAULTS
 
     def flag(key: str) -> Any:
         value = getattr(args, key)
         given = key not in SERVER_LIMIT_DEFAULTS or value != SERVER_LIMIT_DEFAULTS[key]
         return value if given or server.get(key) is None else server[key]
+
+    # Unset limits: the calibrated server's, else the deployment's (vLLM's budget is chunked's;
+    # a policy that prefills whole prompts keeps max_model_len as its budget).
+    max_num_seqs = flag("max_num_seqs") or limits.max_num_seqs
+    token_budget = flag("token_budget")
+    if token_budget is None and policy == VLLM_POLICY and limits.vllm:
+        token_budget = limits.token_budget
 
     swap = getattr(args, "preemption", "recompute") == "swap"
     if swap and blocks_in_gib is None:
@@ -125,9 +143,9 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
         policy=policy,
         num_blocks=args.num_blocks if args.num_blocks is not None else num_blocks,
         block_size=flag("block_size"),
-        max_num_seqs=flag("max_num_seqs"),
+        max_num_seqs=max_num_seqs,
         max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
-        token_budget=flag("token_budget"),
+        token_budget=token_budget,
         enable_prefix_caching=flag("enable_prefix_caching"),
         queue=args.queue,
         queue_aging_s=args.queue_aging_s,
@@ -141,18 +159,18 @@ def scheduler_config(args: argparse.Namespace, policy: str, num_blocks: int,
 
 def deployment_scheduler_config(args: argparse.Namespace, policy: str | None,
                                 deployment: Deployment) -> SchedulerConfig:
-    """scheduler_config on a deployment's KV pool and length; `policy` None: the calibrated
-    server's policy, else DEFAULT_POLICY."""
+    """scheduler_config on a deployment's KV pool, length and limits; `policy` None: the
+    calibrated server's policy, else the deployment's default (default_policy)."""
     server = dict(deployment.server_limits)
-    return scheduler_config(args, policy or server.get("policy") or DEFAULT_POLICY,
+    return scheduler_config(args, policy or server.get("policy") or default_policy(deployment),
                             deployment.kv_pool.num_blocks, deployment.max_model_len,
-                            deployment.kv_pool.blocks_in_gib, server)
+                            deployment.kv_pool.blocks_in_gib, server, deployment.engine_limits)
 
 
-def slo_from_args(args: argparse.Namespace) -> Slo | None:
-    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
-        return None
-    return Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+def default_policy(deployment: Deployment) -> str:
+    """vLLM's (chunked prefill, always on in V1) where the deployment takes vLLM's limits,
+    else the CPU lab's DEFAULT_POLICY."""
+    return VLLM_POLICY if deployment.engine_limits.vllm else DEFAULT_POLICY
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -194,11 +212,15 @@ def format_summaries(results: dict[str, dict]) -> str:
 def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
     """The deployment flags (servelab's names and vLLM's): what deployment_options reads."""
     group = parser.add_argument_group("deployment (analytic cost model; vLLM's flag names too)")
-    group.add_argument("--model", default="llama-3-8b",
+    group.add_argument("--model", default=None,
                        help="a preset, a Hugging Face id servelab ships a config for "
-                            "(`servelab models`), or a config.json path or its folder")
-    group.add_argument("--hardware", default="h100",
-                       help="a GPU preset (`servelab hardware`) or a GPU file")
+                            "(`servelab models`), or a config.json path or its folder (default "
+                            f"{DeploymentOptions.model}). Naming --model or --hardware gives "
+                            "every unset limit vLLM's default for that GPU and the chunked "
+                            "policy, as `vllm serve` runs")
+    group.add_argument("--hardware", default=None,
+                       help="a GPU preset (`servelab hardware`) or a GPU file (default "
+                            f"{DeploymentOptions.hardware})")
     add_parallel_args(group)
 
 
@@ -212,7 +234,8 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
                        help="fp8: linear layers' weights in one byte, their GEMMs on FP8 "
                             "tensor cores where the GPU has them (vLLM's --quantization fp8)")
     add_kv_cache_dtype_arg(group)
-    group.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=int,
+    add_hidden_alias(group, "--tp", "tp", int)  # servelab's first name
+    group.add_argument("--tensor-parallel-size", "-tp", dest="tp", type=int,
                        default=None if serve else 1,
                        help="tensor-parallel GPUs per engine (analytic model; default 1)")
     group.add_argument("--data-parallel-size", "-dp", dest="data_parallel_size", type=int,
@@ -256,8 +279,13 @@ def deployment_options(args: argparse.Namespace, num_blocks: int | None = None,
     def value(key: str, flag: Any) -> Any:
         return defaults[key] if flag is None and key in defaults else flag
 
+    # A deployment the user names runs as vLLM would run it; the bundled-trace default keeps
+    # the lab's limits, so its committed results stay comparable.
+    named = args.model is not None or args.hardware is not None
     return DeploymentOptions(
-        model=value("model", args.model), hardware=value("hardware", args.hardware),
+        model=value("model", args.model) or DeploymentOptions.model,
+        hardware=value("hardware", args.hardware) or DeploymentOptions.hardware,
+        vllm_defaults=named,
         dtype=value("dtype", args.dtype), tensor_parallel=value("tensor_parallel", args.tp),
         data_parallel=args.data_parallel_size, expert_parallel=args.enable_expert_parallel,
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -281,7 +309,7 @@ def _profile_limits(args: argparse.Namespace) -> dict[str, int]:
 
 # Scheduler flags whose defaults a calibration of a running server replaces by its limits.
 SERVER_LIMIT_DEFAULTS = {"block_size": ENGINE_DEFAULTS.block_size,
-                         "max_num_seqs": ENGINE_DEFAULTS.max_num_seqs, "token_budget": None,
+                         "max_num_seqs": None, "token_budget": None,
                          "enable_prefix_caching": True, "policy": None}
 
 
@@ -307,3 +335,16 @@ def format_classes(results: dict[str, dict]) -> str:
                 lines.append(f"{key:<12}" + "".join(f"{c:>16}" for c in cells))
             blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def priced_at_budget(description: str, deployment: Deployment, budget_tokens: int) -> str:
+    """The deployment's description with its fitted-data coverage stated for the steps the
+    engine takes (up to `budget_tokens`), not for the default budget the description assumed."""
+    hardware = deployment.hardware
+    if hardware is None:  # a calibration: no fitted-data coverage in the description
+        return description
+    model = deployment.model.name
+    # The description states coverage for 2048-token steps, the chunked default, whatever
+    # the budget; restate it for this engine's (a no-op once the two agree).
+    assumed = gpu_coverage(model, hardware.name, ENGINE_DEFAULTS.token_budget)
+    return description.replace(assumed, gpu_coverage(model, hardware.name, budget_tokens))

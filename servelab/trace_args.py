@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from workloads import BUNDLED, FORMATS, SPEC_HELP, Trace, TraceTransforms, open_trace
-from workloads.transforms import with_hash_block_tokens
+from workloads.formats.vllm_bench import is_vllm_spec
+from workloads.synthetic.spec import is_synthetic_spec
+from workloads.transforms import scale_qps, with_hash_block_tokens
 
 TRACE_EPILOG = f"""\
 TRACE is one of:
@@ -71,6 +75,21 @@ def add_trace_args(parser: argparse.ArgumentParser, positional: bool) -> None:
     )
     for flag, kind, default, metavar, help_text in _TRANSFORM_FLAGS:
         group.add_argument(flag, type=kind, default=default, metavar=metavar, help=help_text)
+    # Commands without add_rate_args replay at the trace's own rate (bench-serve has its own
+    # --request-rate, vLLM's, applied after loading).
+    parser.set_defaults(replay_rate=None, replay_burstiness=None)
+
+
+def add_rate_args(parser: argparse.ArgumentParser) -> None:
+    """--request-rate and --burstiness, as `vllm bench serve` spells them, for a replay."""
+    group = parser.add_argument_group("arrival rate (instead of --qps-scale)")
+    group.add_argument("--request-rate", dest="replay_rate", type=float, default=None,
+                       metavar="R", help="send R requests per second: a trace file keeps the "
+                       "shape of its arrivals, scaled to R; a generated workload (synthetic: "
+                       "or vllm: spec) draws Poisson arrivals at R, as vLLM's benchmark does")
+    group.add_argument("--burstiness", dest="replay_burstiness", type=float, default=None,
+                       metavar="B", help="with --request-rate on a generated workload: the "
+                       "gamma shape of the gaps (1 Poisson, default; below 1 burstier)")
 
 
 def transforms_from_args(args: argparse.Namespace) -> TraceTransforms:
@@ -89,9 +108,36 @@ def transforms_from_args(args: argparse.Namespace) -> TraceTransforms:
 
 
 def load_trace_from_args(args: argparse.Namespace) -> Trace:
-    """Open the trace and apply the transforms, in the order TRACE_EPILOG documents."""
+    """Open the trace and apply the transforms, in the order TRACE_EPILOG documents, then
+    --request-rate."""
     transforms = transforms_from_args(args)  # bad values fail before any file is read
+    rate, burstiness = args.replay_rate, args.replay_burstiness
+    generated = is_synthetic_spec(args.trace) or is_vllm_spec(args.trace)
+    if rate is not None and args.qps_scale != 1.0:
+        raise ValueError("give --request-rate or --qps-scale, not both")
+    if burstiness is not None and (rate is None or not generated):
+        raise ValueError("--burstiness shapes the arrivals --request-rate draws for a "
+                         "generated workload (a synthetic: or vllm: spec)")
     trace = open_trace(args.trace, args.format, args.seed)
     if args.hash_block_tokens is not None:
         trace = with_hash_block_tokens(trace, args.hash_block_tokens)
-    return transforms.apply(trace)
+    trace = transforms.apply(trace)
+    if rate is None:
+        return trace
+    if generated:
+        from servelab.bench.vllm_flags import vllm_schedule
+
+        return vllm_schedule(trace, None, rate, burstiness or 1.0, args.seed)
+    return at_rate(trace, rate)
+
+
+def at_rate(trace: Trace, rate_rps: float) -> Trace:
+    """The trace's arrivals scaled so that they average `rate_rps` requests a second."""
+    if trace.span_s <= 0:
+        raise ValueError(f"--request-rate: trace {trace.name} sends every request at once; "
+                         "it has no rate to scale")
+    # Mean rate as the trace's own arrivals give it: requests over the span they cover.
+    own_rps = len(trace) / trace.span_s
+    if not np.isfinite(rate_rps):
+        raise ValueError("--request-rate must be finite for a trace file")
+    return scale_qps(trace, rate_rps / own_rps)

@@ -18,7 +18,7 @@ from sim.cost.kernel_cost import kernel_cost_backend
 from sim.cost.kernel_tables import KernelTableError, KernelTables, measured_versions
 from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel, kv_element_bytes
 from sim.engine.core import Backend
-from sim.specs.engine_limits import ENGINE_DEFAULTS, kv_blocks
+from sim.specs.engine_limits import ENGINE_DEFAULTS, EngineLimits, kv_blocks, vllm_server_limits
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
 from sim.specs.model_config import resolve_model
@@ -61,10 +61,13 @@ class DeploymentOptions:
     block_size: int = ENGINE_DEFAULTS.block_size
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_blocks: int | None = None  # overrides the sized pool
-    # What vLLM's memory profile runs (the reserve grows with both): None tokens is
-    # servelab's default budget, ENGINE_DEFAULTS.token_budget.
+    # What vLLM's memory profile runs (the reserve grows with both): None is the engine
+    # limits' (Deployment.engine_limits).
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    max_num_seqs: int | None = None
+    # The limits a flag left unset takes: vLLM's for this GPU and the model's whole context
+    # (a deployment the user named), else servelab's CPU-lab ENGINE_DEFAULTS.
+    vllm_defaults: bool = False
     cost_model: Path | None = None  # a calibration instead of the analytic model
     # What prices steps (COSTS): gpu (fitted on GPU profiles), auto (vLLM's measured kernels
     # where the GPU has tables, else the fitted model), kernels or roofline.
@@ -137,6 +140,8 @@ class Deployment:
     quantization: str | None = None  # fp8: linear weights in one byte (QUANTIZATIONS)
     vllm_version: str | None = None  # the vLLM version whose kernel tables price steps
     kv_cache_dtype: str = "auto"  # resolved --kv-cache-dtype: auto (the dtype) or an fp8 one
+    # The limits flags left unset take (max_model_len is the field above, this one's capped).
+    engine_limits: EngineLimits = ENGINE_DEFAULTS
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -180,11 +185,16 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
     if options.cost_model is not None:
         return _calibrated(options, model, dtype, parallel)
     hardware = hardware_spec(options.hardware)
+    limits = ENGINE_DEFAULTS
+    if options.vllm_defaults:
+        limits = vllm_server_limits(hardware.name, hardware.memory_bytes,
+                                    model.max_position_embeddings)
     cost = AnalyticCostModel(model, hardware, dtype, tensor_parallel=parallel.tensor_parallel,
                              allreduce_latency_s=hardware.interconnect_latency_s,
                              data_parallel=parallel.data_parallel,
                              expert_parallel=parallel.expert_parallel,
-                             reserve_bytes=_reserve_bytes(options, model, dtype, parallel),
+                             reserve_bytes=_reserve_bytes(options, model, dtype, parallel,
+                                                          limits),
                              quantization=options.quantization,
                              kv_cache_dtype=options.kv_cache_dtype)
     block_bytes = model.kv_bytes_per_token(cost.kv_bytes) * options.block_size
@@ -206,18 +216,19 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
                     "as full attention (exact while a sequence fits one chunk)")
     pricing += "".join(f"; {note}" for note in pricing_notes(model))
     return Deployment(model, hardware, dtype, parallel, pool, priced,
-                      min(model.max_position_embeddings, ENGINE_DEFAULTS.max_model_len),
+                      min(model.max_position_embeddings, limits.max_model_len),
                       f"{_describe(options, parallel, dtype)}; priced by {pricing}",
                       quantization=options.quantization, vllm_version=vllm_version,
-                      kv_cache_dtype=options.kv_cache_dtype)
+                      kv_cache_dtype=options.kv_cache_dtype, engine_limits=limits)
 
 
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
-                   parallel: Parallelism) -> int:
+                   parallel: Parallelism, limits: EngineLimits) -> int:
     """What vLLM's memory profile holds back on each GPU for these limits (sim.specs.kv_reserve)."""
-    tokens = options.max_num_batched_tokens or ENGINE_DEFAULTS.token_budget
+    tokens = options.max_num_batched_tokens or limits.token_budget
+    seqs = limits.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs
     try:
-        shape = ProfileShape(tokens, options.max_num_seqs)
+        shape = ProfileShape(tokens, seqs)
     except ValueError as error:
         raise ValueError(f"--max-num-batched-tokens / --max-num-seqs: {error}") from None
     return vllm_reserve_bytes(model, shape, DTYPE_BYTES[dtype], parallel.tensor_parallel,

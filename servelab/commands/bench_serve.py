@@ -28,7 +28,8 @@ from servelab.bench.vllm_result import (
 )
 from servelab.bench_capacity import run_capacity
 from servelab.capacity_args import add_capacity_args, capacity_options
-from servelab.sim_args import format_summaries, slo_from_args, write_json_atomic
+from servelab.sim_args import format_summaries, write_json_atomic
+from servelab.slo_args import slo_from_args
 from servelab.trace_args import TRACE_EPILOG, add_trace_args, load_trace_from_args
 from sim.engine.core import Request
 from sim.replay.metrics import Slo
@@ -69,8 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="prompt token ids are drawn below this (default: the server's)")
     parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
-    parser.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput TTFT bound")
-    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput TPOT bound")
+    # The old goodput spellings; --goodput (vLLM's) is the one shown.
+    parser.add_argument("--slo-ttft-ms", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--slo-tpot-ms", type=float, default=None, help=argparse.SUPPRESS)
     add_capacity_args(parser)
     _add_vllm_args(parser)
     parser.set_defaults(func=run)
@@ -164,8 +166,10 @@ def _slo(args: argparse.Namespace, report: VllmReport) -> Slo | None:
     """The summary's goodput bounds: --slo-*, else --goodput's TTFT and TPOT (the summary
     has no E2EL bound; vLLM's request_goodput has every --goodput bound)."""
     goodput = dict(report.goodput_ms)
-    if goodput.get("ttft") is None and goodput.get("tpot") is None:
+    if not goodput:
         return slo_from_args(args)
+    if goodput.get("ttft") is None and goodput.get("tpot") is None:
+        return None  # an E2EL bound only: vLLM's request_goodput counts it
     return Slo(goodput.get("ttft"), goodput.get("tpot"))
 
 

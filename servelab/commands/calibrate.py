@@ -15,6 +15,7 @@ from servelab.calibration.fit import (
     profile_backend,
     save_calibration,
 )
+from servelab.flag_types import add_hidden_alias
 from servelab.model_args import (
     add_model_args,
     add_server_args,
@@ -32,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
                      help="tokens per KV block")
-    cal.add_argument("--max-model-len", type=int, default=None)
+    cal.add_argument("--max-model-len", type=int, default=None,
+                     help="prompt+output limit per request (default: the model's)")
     cal.add_argument("--repeats", type=int, default=15,
                      help="timed rounds over the grid (median per shape)")
     cal.add_argument("--quick", action="store_true", help="a small grid (smoke tests)")
@@ -40,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
                         help="most running requests (vLLM's max_num_seqs; default "
                              f"{ENGINE_DEFAULTS.max_num_seqs})")
-    limits.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget",
+    add_hidden_alias(limits, "--token-budget", "token_budget", int)  # servelab's first name
+    limits.add_argument("--max-num-batched-tokens", dest="token_budget",
                         type=int, default=ENGINE_DEFAULTS.token_budget,
                         help="most tokens per step (vLLM's max_num_batched_tokens)")
     limits.add_argument("--num-blocks", type=int, default=None,

@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.cluster_args import parse_pd
+from servelab.flag_types import add_hidden_alias
 from servelab.sim_args import add_kv_cache_dtype_arg, add_prefix_caching_arg, write_json_atomic
+from servelab.slo_args import add_slo_p99_args
 from servelab.sweeps.deployment_search import (
     DeploymentProbe,
     Family,
@@ -22,14 +24,14 @@ from servelab.sweeps.deployment_search import (
 )
 from servelab.sweeps.grid import CapacitySlo, find_capacity
 from servelab.sweeps.runners import LocalRunner, RayRunner
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.cluster.config import DEFAULT_KV_LINK_GBPS
 from sim.cluster.router import ROUTERS
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.specs.engine_limits import ENGINE_DEFAULTS
-from sim.specs.hardware import HARDWARE_SPECS
+from sim.specs.hardware import HARDWARE_SPECS, hardware_spec
 from sim.specs.model_config import resolve_model
 
 _TABLE = ("deployment", "engines", "gpus", "usd_per_hour", "p99_ttft_ms", "p99_itl_ms",
@@ -41,14 +43,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan", help="cheapest deployments (GPUs, TP, replicas, P/D, router) holding an SLO",
         description=__doc__.splitlines()[0])
     add_trace_args(plan, positional=False)
+    add_rate_args(plan)
     plan.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     slo = plan.add_argument_group("SLO")
-    slo.add_argument("--slo-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
-    slo.add_argument("--slo-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
+    add_slo_p99_args(slo, CapacitySlo.ttft_p99_ms, CapacitySlo.itl_p99_ms,
+                     "every deployment listed holds it")
+    _add_space_args(plan)
+    _add_fixed_and_output_args(plan)
+    plan.set_defaults(func=_run)
+
+
+def _add_space_args(plan: argparse.ArgumentParser) -> None:
+    """What the search varies: model, GPUs, parallelism, routers, P/D, limits."""
     space = plan.add_argument_group("search space (comma-separated lists)")
     space.add_argument("--model", default="llama-3-8b",
                        help="a preset, a shipped Hugging Face id, or a config.json path")
-    space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
+    space.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES,
+                       help="weights and activations: bf16 (default) or fp16")
     space.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
                        help="fp8: every deployment's linear weights in one byte (vLLM's "
                             "--quantization fp8)")
@@ -58,26 +69,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "(default); roofline: the analytic roofline")
     space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
                        help="GPU presets or files (default: every shipped GPU)")
-    space.add_argument("--tp", "--tensor-parallel-size", dest="tp", default="1,2,4,8",
+    add_hidden_alias(space, "--tp", "tp")  # servelab's first names
+    add_hidden_alias(space, "--dp", "dp")
+    space.add_argument("--tensor-parallel-size", "-tp", dest="tp", default="1,2,4,8",
                        help="tensor-parallel degrees")
-    space.add_argument("--data-parallel-size", "--dp", dest="dp", default=None,
+    space.add_argument("--data-parallel-size", "-dp", dest="dp", default=None,
                        help="data-parallel degrees, experts sharded over them (vLLM's "
                             "--enable-expert-parallel); default 1,2,4 for an MoE model, "
                             "else 1")
     space.add_argument("--routers", default="least-requests", help=", ".join(ROUTERS))
     space.add_argument("--pd-ratios", default="1:1,1:3",
                        help="prefill:decode ratios tried besides co-located ('' for none)")
-    space.add_argument("--policies", default="chunked")
-    space.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs))
+    space.add_argument("--policies", default="chunked",
+                       help="batching policies (default chunked, as vLLM runs)")
+    space.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs),
+                       help="most running requests per engine (default %(default)s)")
     space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
                        default=str(ENGINE_DEFAULTS.token_budget), help="per-step token budgets")
     space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
     space.add_argument("--gpu-prices", default="",
                        help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
+
+
+def _add_fixed_and_output_args(plan: argparse.ArgumentParser) -> None:
+    """What every probe shares, and where the answer goes."""
     fixed = plan.add_argument_group("fixed")
-    fixed.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
-    fixed.add_argument("--max-model-len", type=int, default=None)
-    fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS)
+    fixed.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
+                       help="tokens per KV block (default %(default)s)")
+    fixed.add_argument("--max-model-len", type=int, default=None,
+                       help="prompt+output limit per request (default: the model's, capped)")
+    fixed.add_argument("--kv-link-gbps", type=float, default=DEFAULT_KV_LINK_GBPS,
+                       help="each prefill engine's KV link under P/D, Gb/s (default "
+                            "%(default)g)")
     fixed.add_argument("--gpu-memory-utilization", type=float,
                        default=DEFAULT_GPU_MEMORY_UTILIZATION,
                        help="fraction of each GPU for weights, activations and KV (vLLM's)")
@@ -86,21 +109,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--top", type=int, default=5, help="cheapest deployments listed")
     out.add_argument("--rate-range", default="1,16",
                      help="qps scales to search the cheapest per GPU's highest rate in")
-    out.add_argument("--json", type=Path, default=None)
+    out.add_argument("--json", type=Path, default=None, help="write the result as JSON")
     out.add_argument("--out", type=Path, default=None, help="tables and the chart")
     out.add_argument("--exhaustive", action="store_true",
                      help="run every probe to its end and prune no deployment (the same "
                           "answers, slower)")
-    out.add_argument("--workers", type=int, default=None)
-    out.add_argument("--ray", metavar="ADDRESS", default=None)
-    plan.set_defaults(func=_run)
+    out.add_argument("--workers", type=int, default=None,
+                     help="processes (default: one per core); with --ray, tasks in flight")
+    out.add_argument("--ray", metavar="ADDRESS", default=None,
+                     help="run on a Ray cluster: an address, or `auto`")
 
 
 def _list(text: str, kind: type = str) -> list:
+    """'a,b' -> [a, b] read as `kind`; an empty item, or a number <= 0, is an error."""
+    parts = [part.strip() for part in text.split(",")]
+    if text.strip() and not all(parts):
+        raise ValueError(f"the list {text!r} has an empty item")
     try:
-        return [kind(part.strip()) for part in text.split(",") if part.strip()]
+        values = [kind(part) for part in parts if part]
     except ValueError:
         raise ValueError(f"cannot read the list {text!r}") from None
+    if kind is not str and not all(v > 0 for v in values):
+        raise ValueError(f"the list {text!r} needs numbers > 0")
+    return values
 
 
 def _prices(text: str) -> dict[str, float]:
@@ -115,6 +146,8 @@ def _prices(text: str) -> dict[str, float]:
 
 
 def _families(args: argparse.Namespace) -> list[Family]:
+    for name in _list(args.hardware):
+        hardware_spec(name)  # an unknown GPU is an error before any probe runs
     for router in _list(args.routers):
         if router not in ROUTERS:
             raise ValueError(f"unknown router {router!r}; choose from {', '.join(ROUTERS)}")

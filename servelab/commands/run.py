@@ -22,10 +22,10 @@ from servelab.sim_args import (
     format_summaries,
     parse_policies,
     scheduler_config,
-    slo_from_args,
     write_json_atomic,
 )
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.slo_args import slo_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.cluster.closed_loop import closed_loop
 from sim.engine.core import SamplingParams
 from sim.engine.scheduler import Scheduler
@@ -40,13 +40,16 @@ from sim.replay.workload import requests_from_trace
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser("run", help="replay a trace on the real model (measured)")
     add_trace_args(run, positional=False)
+    add_rate_args(run)
     run.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     run.add_argument("--policy", default=DEFAULT_POLICY, help="|".join(POLICIES))
     add_scheduler_args(run)
     add_model_args(run)
     sampling = run.add_argument_group("sampling (per request; seeded from --seed and its id)")
     sampling.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
-    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-p", type=float, default=1.0,
+                          help="nucleus sampling: the smallest set of tokens holding this "
+                               "share of probability (default 1: all)")
     sampling.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     add_output_args(run)
     run.set_defaults(func=_run)

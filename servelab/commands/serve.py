@@ -19,14 +19,13 @@ from servelab.sim_args import (
     add_scheduler_args,
     deployment_options,
     deployment_scheduler_config,
+    priced_at_budget,
     scheduler_config,
 )
-from sim.cost.gpu_terms import coverage as gpu_coverage
-from sim.deployment import Deployment, DeploymentOptions, build_deployment
+from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler import Scheduler
-from sim.engine.scheduler_config import DEFAULT_POLICY, SchedulerConfig
-from sim.specs.engine_limits import ENGINE_DEFAULTS
+from sim.engine.scheduler_config import DEFAULT_POLICY
 
 DEFAULT_SIMULATED_MODEL = DeploymentOptions.model  # `servelab simulate`'s default deployment
 
@@ -47,8 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random weights, and the seeds of requests that give none")
     parser.add_argument("--policy", default=None,
-                        help="static|continuous|recompute|chunked (default continuous, or under "
-                             "--simulate the policy of the server a calibration came from)")
+                        help="static|continuous|recompute|chunked (default continuous; under "
+                             "--simulate, chunked with vLLM's limits when --model or --hardware "
+                             "names the deployment, or the policy of the server a calibration "
+                             "came from)")
     add_scheduler_args(parser)
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
@@ -182,20 +183,8 @@ def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
     # The served id: --model, else what a calibration was measured on, else the preset.
     name = args.model or getattr(cost, "meta", {}).get("model") or DEFAULT_SIMULATED_MODEL
     return _Parts(Scheduler(config), backend, tokenizer.vocab_size, name,
-                  f"{name}, simulated {_priced_at_budget(where, deployment, config)}", None)
-
-
-def _priced_at_budget(description: str, deployment: Deployment, config: SchedulerConfig) -> str:
-    """The deployment's description with its fitted-data coverage stated for the steps this
-    engine takes (its token budget), not for the default budget the description assumed."""
-    hardware = deployment.hardware
-    if hardware is None:  # a calibration: no fitted-data coverage in the description
-        return description
-    model = deployment.model.name
-    # The description states coverage for 2048-token steps, the chunked default, whatever
-    # the budget; restate it for this engine's (a no-op once the two agree).
-    assumed = gpu_coverage(model, hardware.name, ENGINE_DEFAULTS.token_budget)
-    return description.replace(assumed, gpu_coverage(model, hardware.name, config.budget))
+                  f"{name}, simulated {priced_at_budget(where, deployment, config.budget)}",
+                  None)
 
 
 def _build(args: argparse.Namespace, threads: int, policy: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -11,17 +12,19 @@ from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
     add_scheduler_args,
+    default_policy,
     deployment_options,
     deployment_scheduler_config,
     format_classes,
     format_summaries,
     parse_policies,
-    slo_from_args,
+    priced_at_budget,
     write_json_atomic,
 )
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
-from sim.deployment import build_deployment
-from sim.engine.scheduler_config import DEFAULT_POLICY
+from servelab.slo_args import add_slo_p99_args, slo_from_args, slo_p99_verdicts
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
+from sim.deployment import Deployment, build_deployment
+from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.speculation.report import configured_summary, format_speculation
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from sim.replay.overload import Overload
@@ -31,14 +34,17 @@ from workloads import Trace
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulate one policy on a trace")
     add_trace_args(sim, positional=False)
+    add_rate_args(sim)
     sim.add_argument("--policy", default=None,
-                     help="static|continuous|recompute|chunked (default continuous, or the "
+                     help="static|continuous|recompute|chunked (default continuous; chunked, "
+                          "as vLLM runs, when --model or --hardware names a deployment; or the "
                           "policy of the server a calibration came from)")
     _add_deployment_args(sim)
     sim.set_defaults(func=lambda args: _run(args, None))
 
     cmp = subparsers.add_parser("compare", help="simulate several policies on one trace")
     add_trace_args(cmp, positional=False)
+    add_rate_args(cmp)
     cmp.add_argument("--policies", default="static,continuous,recompute,chunked",
                      help="comma-separated policies")
     cmp.add_argument("--workers", type=int, default=None,
@@ -52,6 +58,7 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser)
     add_cost_model_args(parser)
     add_output_args(parser)
+    add_slo_p99_args(parser, None, None, "the summary says whether each run holds it")
     loop = parser.add_argument_group("closed loop")
     loop.add_argument("--users", type=int, default=None,
                       help="closed loop: N users, each sending its next request (or session) "
@@ -59,17 +66,26 @@ def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
 
 
+def _scheduler_configs(args: argparse.Namespace, policies: list[str] | None,
+                       deployment: Deployment) -> tuple[list[str], dict[str, SchedulerConfig],
+                                                        str]:
+    """The policies run (simulate: its --policy, or the calibrated server's), each one's
+    scheduler config, and the deployment's description at the budget they run with."""
+    where = deployment.description
+    if policies is None:
+        server_policy = dict(deployment.server_limits).get("policy")
+        policies = parse_policies(args.policy or server_policy or default_policy(deployment))
+    configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
+    if deployment.engine_limits.vllm:  # coverage at vLLM's budget, not the lab's default
+        where = priced_at_budget(where, deployment, max(c.budget for c in configs.values()))
+    return policies, configs, where
+
+
 def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     deployment = build_deployment(deployment_options(args, args.num_blocks))
-    backend, where = deployment.cost_model, deployment.description
-    if policies is None:  # simulate: its --policy, or the calibrated server's
-        server_policy = dict(deployment.server_limits).get("policy")
-        policies = parse_policies(args.policy or server_policy or DEFAULT_POLICY)
-    configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
-    if getattr(args, "workers", None) is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.users is not None and args.users < 1:
-        raise ValueError(f"--users must be >= 1, got {args.users}")
+    backend = deployment.cost_model
+    policies, configs, where = _scheduler_configs(args, policies, deployment)
+    # --workers and --users are >= 1 by their types (servelab.flag_types).
     if args.users is not None and args.open_loop:
         raise ValueError("--users runs a closed loop; it does not combine with --open-loop")
     cluster = cluster_from_args(args, deployment)
@@ -82,14 +98,19 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     speculative = configs[policies[0]].speculative
     if speculative is not None:
         _compare_without_speculation(args, trace, configs, backend, slo, cluster, results)
+    held = slo_p99_verdicts(results, args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
           f"{describe_cluster(cluster)}; {_describe_arrivals(trace, args)}")
     print(deployment.kv_pool.describe())
+    print(engine_settings(configs, deployment))
     _print_results(results, {p: outcomes[p].verdict for p in policies})
     if speculative is not None:
         for p in policies:
             print(f"{p}: {format_speculation(results[p])}")
+    for block in (held, rejections(trace, configs, results)):
+        if block:
+            print(f"\n{block}")
     payload = {
         "trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
         "config": {
@@ -100,6 +121,9 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         },
         "results": results,
     }
+    if held:  # p99 targets given: the config records them beside the goodput bounds
+        payload["config"]["slo_p99"] = {"ttft_p99_ms": args.slo_ttft_p99_ms,
+                                        "itl_p99_ms": args.slo_itl_p99_ms}
     if cluster is not None:
         payload["replicas"] = {p: outcomes[p].replicas.to_dict("records") for p in policies}
         for policy in policies:
@@ -110,7 +134,43 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
         write_json_atomic(args.out / "summary.json", payload)
     if args.json is not None:  # the deployment whole; summary.json keeps its keys
         write_json_atomic(args.json, {**payload, "deployment_spec": deployment.to_dict()})
-    return 0
+    return _served_something(results, args.command)
+
+
+def engine_settings(configs: dict[str, SchedulerConfig], deployment: Deployment) -> str:
+    """The limits each policy ran with, and whose defaults filled the unset ones."""
+    whose = ("vLLM's defaults for this GPU" if deployment.engine_limits.vllm
+             else "servelab's CPU-lab defaults")
+    settings = sorted({(c.max_num_seqs, c.budget, c.max_model_len) for c in configs.values()})
+    text = "; ".join(f"max_num_seqs {seqs}, max_num_batched_tokens {budget}, max_model_len "
+                     f"{length}" for seqs, budget, length in settings)
+    return f"engine: {text} (unset limits: {whose})"
+
+
+def rejections(trace: Trace, configs: dict[str, SchedulerConfig], results: dict) -> str:
+    """Which requests each policy rejected and why, as vLLM answers them 400 ('' if none)."""
+    lines = []
+    for policy, config in configs.items():
+        count = results[policy].get("rejected") or 0
+        if not count:
+            continue
+        totals = trace.prompt_len + trace.output_len
+        reasons = [config.never_fits(int(n)) for n in totals]
+        first = next((r for r in reasons if r), "longer than the engine takes")
+        lines.append(f"{policy}: rejected {count} of {len(trace)} requests (HTTP 400 from a "
+                     f"server), e.g. {first}")
+    return "\n".join(lines)
+
+
+def _served_something(results: dict[str, dict], command: str) -> int:
+    """0, or 1 with a one-line error when some policy completed no request."""
+    empty = [p for p, summary in results.items() if not summary.get("completed")]
+    if not empty:
+        return 0
+    print(f"servelab {command}: error: {', '.join(empty)} served no request (see the "
+          "rejections above)",
+          file=sys.stderr)
+    return 1
 
 
 def _compare_without_speculation(args, trace, configs, backend, slo, cluster,

@@ -19,9 +19,9 @@ from servelab.sim_args import (
     add_prefix_caching_arg,
     deployment_options,
     parse_policies,
-    slo_from_args,
     write_json_atomic,
 )
+from servelab.slo_args import add_slo_p99_args, slo_from_args
 from servelab.sweeps.grid import (
     DEFAULT_QPS_SCALES,
     Capacity,
@@ -34,7 +34,7 @@ from servelab.sweeps.grid import (
 )
 from servelab.sweeps.rising import sweep_capacity, was_run
 from servelab.sweeps.runners import LocalRunner, RayRunner
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.deployment import Deployment, build_deployment
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 
@@ -46,9 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sweep", help="simulate policies x rates x limits; capacity at SLO",
         description=__doc__.splitlines()[0])
     add_trace_args(sweep, positional=False)
+    add_rate_args(sweep)
     sweep.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
     grid_args = sweep.add_argument_group("grid (comma-separated lists)")
-    grid_args.add_argument("--policies", default="static,continuous,recompute,chunked")
+    grid_args.add_argument("--policies", default="static,continuous,recompute,chunked",
+                           help="batching policies (default: all four)")
     grid_args.add_argument("--qps-scales", default=QPS_SCALES_TEXT,
                            help="rates as multiples of the trace's own, on top of --qps-scale "
                                 f"(default {QPS_SCALES_TEXT})")
@@ -56,13 +58,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="KV pool sizes in blocks (default: the deployment's)")
     grid_args.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
                            default=None,
-                           help="per-step token budgets of `chunked` (default "
+                           help="per-step token budgets of `chunked` (default: vLLM's for "
+                                "the GPU when --model or --hardware names a deployment, else "
                                 f"{ENGINE_DEFAULTS.token_budget})")
-    grid_args.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs),
-                           help="most running requests")
+    grid_args.add_argument("--max-num-seqs", default=None,
+                           help="most running requests (default: vLLM's for the GPU when "
+                                "--model or --hardware names a deployment, else "
+                                f"{ENGINE_DEFAULTS.max_num_seqs})")
     limits = sweep.add_argument_group("fixed limits")
-    limits.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size)
-    limits.add_argument("--max-model-len", type=int, default=None)
+    limits.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS.block_size,
+                        help="tokens per KV block (default %(default)s)")
+    limits.add_argument("--max-model-len", type=int, default=None,
+                        help="prompt+output limit per request (default: the deployment's)")
     add_prefix_caching_arg(limits)
     add_cost_model_args(sweep)
     add_cluster_args(sweep)
@@ -76,8 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cap = sweep.add_argument_group("capacity at SLO")
     cap.add_argument("--capacity", action="store_true",
                      help="bisect each configuration's rate for the largest meeting the SLO")
-    cap.add_argument("--capacity-ttft-p99-ms", type=float, default=CapacitySlo.ttft_p99_ms)
-    cap.add_argument("--capacity-itl-p99-ms", type=float, default=CapacitySlo.itl_p99_ms)
+    add_slo_p99_args(cap, CapacitySlo.ttft_p99_ms, CapacitySlo.itl_p99_ms,
+                     "what --capacity searches the highest rate for")
+    for metric in ("ttft", "itl"):  # the old spellings, hidden
+        cap.add_argument(f"--capacity-{metric}-p99-ms", dest=f"slo_{metric}_p99_ms",
+                         type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     cap.add_argument("--capacity-full-runs", action="store_true",
                      help="run every rate of the grid and every capacity probe to its end "
                           "instead of skipping rates above one that misses the SLO and "
@@ -91,8 +101,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _numbers(text: str | None, kind: type, flag: str) -> list:
     if text is None:
         return [None]
+    if not text.strip():
+        raise ValueError(f"{flag} is empty")
+    if not all(v.strip() for v in text.split(",")):
+        raise ValueError(f"{flag} {text!r} has an empty item")
     try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",")]
     except ValueError:
         raise ValueError(
             f"{flag}: expected comma-separated {kind.__name__}s, got {text!r}") from None
@@ -104,14 +118,20 @@ def _numbers(text: str | None, kind: type, flag: str) -> list:
 
 
 def _run(args: argparse.Namespace) -> int:
+    deployment = build_deployment(deployment_options(args))
+    # Lists left unset take the deployment's limits (vLLM's for a GPU the user named).
+    limits = deployment.engine_limits
+    budgets = args.token_budgets
+    if budgets is None and limits.vllm:
+        budgets = str(limits.token_budget)
+    seqs = str(limits.max_num_seqs) if args.max_num_seqs is None else args.max_num_seqs
     points = grid(parse_policies(args.policies),
                   _numbers(args.qps_scales, float, "--qps-scales"),
                   _numbers(args.num_blocks, int, "--num-blocks"),
-                  _numbers(args.token_budgets, int, "--token-budgets"),
-                  _numbers(args.max_num_seqs, int, "--max-num-seqs"))
-    capacity_slo = CapacitySlo(args.capacity_ttft_p99_ms, args.capacity_itl_p99_ms)
+                  _numbers(budgets, int, "--token-budgets"),
+                  _numbers(seqs, int, "--max-num-seqs"))
+    capacity_slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     low, high = _capacity_range(args.capacity_range)
-    deployment = build_deployment(deployment_options(args))
     where = deployment.description
     context = _context(args, deployment)
     for point in points:  # a bad combination fails now, before any run

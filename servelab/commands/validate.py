@@ -30,7 +30,7 @@ from servelab.sim_args import (
     scheduler_config,
     write_json_atomic,
 )
-from servelab.trace_args import OPEN_LOOP_HELP, add_trace_args, load_trace_from_args
+from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from servelab.validate_output import format_errors, format_overall, format_speeds, format_steps
 from sim.cost.calibrated import CalibratedCostModel
 
@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 def register(subparsers: argparse._SubParsersAction) -> None:
     val = subparsers.add_parser("validate", help="measured vs simulated on one trace")
     add_trace_args(val, positional=False)
+    add_rate_args(val)
     val.add_argument("--open-loop", action="store_true", help=OPEN_LOOP_HELP)
-    val.add_argument("--policies", default="static,continuous,recompute,chunked")
+    val.add_argument("--policies", default="static,continuous,recompute,chunked",
+                     help="batching policies (default: all four)")
     cal = val.add_mutually_exclusive_group(required=True)
     # With --url, --cost-model is a calibration of that server (calibrate --url).
     cal.add_argument("--cost-model", type=Path, help="calibration JSON")

@@ -27,6 +27,8 @@ BATCHING: dict[str, type[BatchingPolicy]] = {
 
 POLICIES = tuple(BATCHING)  # static, continuous, recompute, chunked
 DEFAULT_POLICY = "continuous"  # what every command runs when no --policy is given
+# What a vLLM deployment runs when no --policy is given: vLLM V1 always chunks prefills.
+VLLM_POLICY = "chunked"
 PREEMPTION_MODES = tuple(EVICTIONS)  # recompute, swap
 DEFAULT_QUEUE_AGING_S = 60.0  # the starvation bound of priority and sjf unless one is given
 

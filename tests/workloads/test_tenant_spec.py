@@ -139,3 +139,15 @@ def test_text_summary_caps_the_group_lines() -> None:
         "t19 " in text and "t20 " not in text and "(and 5 more; --json lists every tenant)" in text
     )
     assert len(summarize(trace).tenants) == 25
+
+
+@pytest.mark.parametrize("tenant", ["a", "b", "flood", "light"])
+def test_a_tenant_with_a_system_prompt_beside_one_without_generates(tenant):
+    """Shared prefixes in one part only: the others get empty prefix lists; each tenant's
+    ids stay within int64 whatever its name hashes to."""
+    other = "z" if tenant != "z" else "y"
+    trace = open_trace(f"synthetic:tenant={tenant},n=20,rate=2,system=64;"
+                       f"tenant={other},n=20,rate=2,prompt=fixed(64)", seed=3)
+    ids = trace.table["prefix_hash_ids"]
+    mine = trace.table["tenant"] == tenant
+    assert all(len(row) > 0 for row in ids[mine]) and all(len(row) == 0 for row in ids[~mine])

@@ -157,6 +157,10 @@ def generate_parts(
     if any(part.priority is not None for part in parts):  # a part without priority= is 0
         parts = [replace(part, priority=part.priority or 0) for part in parts]
     tables = [generate_trace(part, rng, name).table for part, rng in zip(parts, rngs, strict=True)]
+    # A part without shared prefixes (no system=) shares none: empty lists, not missing cells.
+    listed = [c for c in ("prefix_hash_ids", "prefix_hash_tokens") if any(c in t for t in tables)]
+    tables = [t.assign(**{c: pd.Series([[] for _ in range(len(t))], dtype=object)
+                          for c in listed if c not in t}) for t in tables]
     merged = pd.concat(tables, ignore_index=True)
     # Stable: at equal times (every part's first arrival is 0) part order decides.
     merged = merged.sort_values("arrival_s", kind="stable", ignore_index=True)

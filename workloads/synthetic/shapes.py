@@ -21,7 +21,8 @@ class SegmentIds:
     """Fresh prefix hash ids, unique within a trace (a tenant's part gets its own range)."""
 
     def __init__(self, tenant: str | None) -> None:
-        self._next = (zlib.crc32((tenant or "").encode()) << 32) + 1
+        # The tenant's 31-bit hash picks its range: shifted by 32 it stays an int64.
+        self._next = ((zlib.crc32((tenant or "").encode()) & 0x7FFF_FFFF) << 32) + 1
 
     def take(self, count: int) -> np.ndarray:
         ids = np.arange(self._next, self._next + count, dtype=np.int64)

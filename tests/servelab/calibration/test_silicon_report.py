@@ -30,7 +30,7 @@ def test_fidelity_gpu_silicon_only_prints_the_table_and_writes_chart_and_json(tm
 def test_fidelity_gpu_refuses_zero_silicon_rounds(tmp_path, capsys):
     assert main(["fidelity-gpu", "--silicon-only", "--silicon-rounds", "0",
                  "--out", str(tmp_path)]) == 2
-    assert "--silicon-rounds must be >= 1" in capsys.readouterr().err
+    assert "--silicon-rounds: expected an integer >= 1" in capsys.readouterr().err
 
 
 def test_scatter_needs_a_predicted_row(tmp_path):

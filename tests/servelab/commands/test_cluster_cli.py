@@ -54,14 +54,15 @@ def test_tensor_parallel_70b_runs_where_one_gpu_cannot_hold_it(tmp_path, capsys)
     assert main(args) == 2
     assert "does not fit on h100" in capsys.readouterr().err
     result, out = run_json(tmp_path, capsys, *args, "--tp", "4")
-    assert result["results"]["continuous"]["completed"] == 200 and "4x h100" in out
+    # Named, the deployment runs vLLM's way: chunked prefill.
+    assert result["results"]["chunked"]["completed"] == 200 and "4x h100" in out
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--pd", "2"], "--pd takes P:D"),
     (["--pd", "0:2"], "at least one engine of each kind"),
     (["--pd", "1:1", "--replicas", "2"], "either --replicas or --pd"),
-    (["--replicas", "0"], "replicas must be >= 1"),
+    (["--replicas", "0"], "--replicas: expected an integer >= 1"),
 ])
 def test_bad_cluster_flags_fail_with_one_line(argv, message, capsys):
     assert main(["simulate", *CONV[:4], *argv]) == 2

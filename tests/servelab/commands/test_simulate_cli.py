@@ -84,9 +84,9 @@ def test_simulate_out_writes_tables_charts_and_summary(tmp_path, capsys):
     [
         (["simulate", "--trace", "azure-code", "--policy", "fifo"], "unknown policy"),
         (["compare", "--trace", "azure-code", "--policies", "static,lifo"], "unknown policy"),
-        (["simulate", "--trace", "azure-code", "--num-blocks", "0"], "num_blocks"),
+        (["simulate", "--trace", "azure-code", "--num-blocks", "0"], "--num-blocks"),
         (["simulate", "--trace", "azure-code", "--policy", "chunked", "--token-budget", "-5"],
-         "token_budget"),
+         "--token-budget"),
         (["simulate", "--trace", "no-such-trace"], "no-such-trace"),
         (["simulate", "--trace", "azure-code", "--hardware", "tpu"], "tpu"),
         (["compare", "--trace", "azure-code", "--workers", "0"], "--workers"),

@@ -121,7 +121,7 @@ def test_bad_trace_file_is_one_line_with_file_and_line(
     [
         (["no-such-trace.csv"], "no such file"),
         (["synthetic:n=5,rate=1,prompt=zipf(2)"], "unknown distribution 'zipf'"),
-        (["azure-conv", "--qps-scale", "0"], "qps_scale must be a positive number"),
+        (["azure-conv", "--qps-scale", "0"], "--qps-scale: expected a number > 0"),
         (["azure-conv", "--start-s", "9999"], "no requests in the window"),
         (["azure-conv", "--format", "csv"], "format applies to trace files"),
     ],
@@ -150,10 +150,8 @@ def test_forced_format_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
 
 
 def test_help_documents_the_spec_grammar(capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["trace", "--help"])
+    assert main(["trace", "--help"]) == 0
     out = capsys.readouterr().out
-    assert exited.value.code == 0
     for words in (
         "synthetic:KEY=VALUE",
         "lognormal(MED,SIG)",

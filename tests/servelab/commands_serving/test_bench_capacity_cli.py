@@ -68,9 +68,9 @@ def test_find_capacity_within_a_budget_too_short_for_a_stage_reports_none(tmp_pa
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--slo-ttft-p99-ms", "0", "ttft_p99_ms must be > 0"),
+    ("--slo-ttft-p99-ms", "0", "--slo-ttft-p99-ms: expected a number > 0"),
     ("--capacity-growth", "1", "growth must be > 1"),
-    ("--capacity-budget-s", "-1", "budget_s must be > 0"),
+    ("--capacity-budget-s", "-1", "--capacity-budget-s: expected a number > 0"),
 ])
 def test_bad_capacity_options_are_one_line_naming_the_option(tmp_path, capsys, flag, value,
                                                              message):
