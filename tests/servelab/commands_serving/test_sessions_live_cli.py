@@ -47,7 +47,8 @@ def test_live_and_simulated_prefix_hits_agree_on_a_conversation(server_url, tmp_
                  "--json", str(sim_json)]) == 0
     capsys.readouterr()
     live = next(iter(json.loads(live_json.read_text())["results"].values()))
-    simulated = json.loads(sim_json.read_text())["results"]["continuous"]
+    # Naming the model runs vLLM's engine (chunked), on the server as in the simulator.
+    simulated = json.loads(sim_json.read_text())["results"]["chunked"]
     assert live["completed"] == simulated["completed"] == 18
     # Turn k finds turn k-1's prompt and all its answer but the sampled last token, in full
     # 16-token blocks: none of a first turn's 70 tokens, then 80 of 163 (turn 0 computed
