@@ -133,7 +133,22 @@ class GpuCostModel(LayerCost):
         per_rows = self._row_cache.get(rows)
         if per_rows is None:
             per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
-        layer, host = per_tokens[0], self._host_layer_s
+        layer, host = self._with_attention(plan, per_tokens[0], self._host_layer_s)
+        if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
+            host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches
+        # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
+        # the slower of the two sets the layer's time.
+        gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
+        gpu_s += swap_s
+        if self._overlapped:  # the host's step work runs beside the GPU's
+            return gpu_s if gpu_s > per_rows[1] else per_rows[1]
+        return gpu_s + per_rows[1]
+
+    def _with_attention(self, plan: BatchPlan, layer: float,
+                        host: float) -> tuple[float, float]:
+        """A layer's GPU time and host dispatch time with the step's attention kernels added
+        (the measured-kernel model overrides this alone)."""
+        decode_seqs = plan.decode_seqs
         pairs, context = plan.prefill_attn_causal, plan.decode_context
         if self._window:  # the layers' mean over full and sliding-window attention
             pairs, context = self.windowed_mean(plan)
@@ -149,15 +164,7 @@ class GpuCostModel(LayerCost):
                     decode_seqs, plan.decode_context / decode_seqs, self._group)
             layer += self._decode_floor_s + kv_s
             host += self._kernel_s
-        if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
-            host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches
-        # An eager host dispatches a layer's kernels while the GPU runs the previous ones:
-        # the slower of the two sets the layer's time.
-        gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
-        gpu_s += swap_s
-        if self._overlapped:  # the host's step work runs beside the GPU's
-            return gpu_s if gpu_s > per_rows[1] else per_rows[1]
-        return gpu_s + per_rows[1]
+        return layer, host
 
     def windowed_mean(self, plan: BatchPlan) -> tuple[float, float]:
         """The plan's causal prefill pairs and decode KV tokens averaged over the layers, a

@@ -225,22 +225,10 @@ class KernelCostModel(GpuCostModel):
         alone = row(chunk)
         return (scaled if scaled > alone else alone) * MS
 
-    def predict(self, plan: BatchPlan) -> float:
-        """Seconds one engine step of `plan` takes; 0 for a plan that computes and copies
-        nothing."""
+    def _with_attention(self, plan: BatchPlan, layer: float,
+                        host: float) -> tuple[float, float]:
+        """A layer's GPU and host time with the step's attention from the measured tables."""
         decode_seqs = plan.decode_seqs
-        tokens = plan.prefill_tokens + decode_seqs
-        swap_s = self._swap_s_per_token * plan.swap_tokens if plan.swap_tokens else 0.0
-        if not tokens:
-            return swap_s
-        per_tokens = self._token_cache.get(tokens)
-        if per_tokens is None:
-            per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
-        rows = plan.prefill_seqs + decode_seqs
-        per_rows = self._row_cache.get(rows)
-        if per_rows is None:
-            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
-        layer, host = per_tokens[0], self._host_layer_s
         if plan.prefill_tokens:
             layer += self.prefill_attention_s(plan)
             host += self._kernel_s
@@ -250,13 +238,7 @@ class KernelCostModel(GpuCostModel):
                 curve = self._decode_rows[decode_seqs] = self._generation.row(decode_seqs)
             layer += curve(plan.decode_context / decode_seqs) * MS
             host += self._kernel_s
-        if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
-            host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches
-        gpu_s = self._layers * (layer if layer > host else host) + per_tokens[1] + per_rows[0]
-        gpu_s += swap_s
-        if self._overlapped:  # the host's step work runs beside the GPU's
-            return gpu_s if gpu_s > per_rows[1] else per_rows[1]
-        return gpu_s + per_rows[1]
+        return layer, host
 
     def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
         """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
