@@ -126,13 +126,7 @@ class GpuCostModel(LayerCost):
         swap_s = self._swap_s_per_token * plan.swap_tokens if plan.swap_tokens else 0.0
         if not tokens:
             return swap_s
-        per_tokens = self._token_cache.get(tokens)
-        if per_tokens is None:
-            per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
-        rows = plan.prefill_seqs + decode_seqs
-        per_rows = self._row_cache.get(rows)
-        if per_rows is None:
-            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        per_tokens, per_rows = self._per_counts(tokens, plan.prefill_seqs + decode_seqs)
         layer, host = self._with_attention(plan, per_tokens[0], self._host_layer_s)
         if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
             host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches
@@ -143,6 +137,18 @@ class GpuCostModel(LayerCost):
         if self._overlapped:  # the host's step work runs beside the GPU's
             return gpu_s if gpu_s > per_rows[1] else per_rows[1]
         return gpu_s + per_rows[1]
+
+    def _per_counts(self, tokens: int, rows: int) -> tuple[tuple[float, float],
+                                                          tuple[float, float]]:
+        """(layer, embedding) seconds for `tokens` tokens and (sampling, host) seconds for
+        `rows` rows, each computed once per count."""
+        per_tokens = self._token_cache.get(tokens)
+        if per_tokens is None:
+            per_tokens = self._token_cache[tokens] = (self.layer_s(tokens), self.embed_s(tokens))
+        per_rows = self._row_cache.get(rows)
+        if per_rows is None:
+            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
+        return per_tokens, per_rows
 
     def _with_attention(self, plan: BatchPlan, layer: float,
                         host: float) -> tuple[float, float]:
@@ -181,13 +187,7 @@ class GpuCostModel(LayerCost):
         tokens at the first and `rows` more at each next (same terms, same order)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
-        per_tokens = self._token_cache.get(rows)
-        if per_tokens is None:
-            per_tokens = self._token_cache[rows] = (self.layer_s(rows), self.embed_s(rows))
-        per_rows = self._row_cache.get(rows)
-        if per_rows is None:
-            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
-        base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
+        (base, embed), (sample, host_s) = self._per_counts(rows, rows)
         host = self._host_layer_s + self._kernel_s
         if not self.engine.full_graph(0, rows):
             host += self.engine.piecewise_layer_s

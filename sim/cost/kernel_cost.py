@@ -245,13 +245,7 @@ class KernelCostModel(GpuCostModel):
         tokens at the first and `rows` more at each next (same terms, same order)."""
         if rows < 1:
             raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
-        per_tokens = self._token_cache.get(rows)
-        if per_tokens is None:
-            per_tokens = self._token_cache[rows] = (self.layer_s(rows), self.embed_s(rows))
-        per_rows = self._row_cache.get(rows)
-        if per_rows is None:
-            per_rows = self._row_cache[rows] = (self.sample_s(rows), self.host_s(rows))
-        base, embed, (sample, host_s) = per_tokens[0], per_tokens[1], per_rows
+        (base, embed), (sample, host_s) = self._per_counts(rows, rows)
         host = self._host_layer_s + self._kernel_s
         if not self.engine.full_graph(0, rows):
             host += self.engine.piecewise_layer_s
