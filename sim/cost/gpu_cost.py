@@ -191,26 +191,32 @@ class GpuCostModel(LayerCost):
         host = self._host_layer_s + self._kernel_s
         if not self.engine.full_graph(0, rows):
             host += self.engine.piecewise_layer_s
-        floor, per_kv, layers = self._decode_floor_s, self._s_per_decode_kv, self._layers
-        overlapped = self._overlapped
-        contexts = range(context, context + rows * num_steps, rows)
-        if self._window:  # the layers' mean KV read, as windowed_mean gives predict
-            share, bound = self._window_share, rows * self._window
-            contexts = [(1.0 - share) * ctx + share * (ctx if ctx < bound else bound)
-                        for ctx in contexts]
+        layers, overlapped = self._layers, self._overlapped
+        attention = self._decode_attention_s(rows,
+                                             range(context, context + rows * num_steps, rows))
         if host == 0.0 and overlapped:  # full CUDA graphs, async host: the common case
             return [g if g > host_s else host_s
-                    for g in (layers * (base + (floor + per_kv * ctx)) + embed + sample
-                              for ctx in contexts)]
+                    for g in (layers * (base + att) + embed + sample for att in attention)]
         out = []
-        for ctx in contexts:
-            layer = base + (floor + per_kv * ctx)
+        for att in attention:
+            layer = base + att
             gpu_s = layers * (layer if layer > host else host) + embed + sample
             if overlapped:
                 out.append(gpu_s if gpu_s > host_s else host_s)
             else:
                 out.append(gpu_s + host_s)
         return out
+
+    def _decode_attention_s(self, rows: int, contexts: range) -> list[float]:
+        """One layer's decode attention of `rows` rows at each total KV context (the
+        measured-kernel model overrides this alone)."""
+        floor, per_kv = self._decode_floor_s, self._s_per_decode_kv
+        if self._window:  # the layers' mean KV read, as windowed_mean gives predict
+            share, bound = self._window_share, rows * self._window
+            return [floor + per_kv * ((1.0 - share) * ctx + share * (ctx if ctx < bound
+                                                                        else bound))
+                    for ctx in contexts]
+        return [floor + per_kv * ctx for ctx in contexts]
 
     def host_s(self, rows: int) -> float:
         """The engine's host time of a step of `rows` sequences."""

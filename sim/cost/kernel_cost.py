@@ -240,25 +240,10 @@ class KernelCostModel(GpuCostModel):
             host += self._kernel_s
         return layer, host
 
-    def decode_steps_s(self, rows: int, context: int, num_steps: int) -> list[float]:
-        """What predict gives num_steps decode-only plans of `rows` rows over `context` KV
-        tokens at the first and `rows` more at each next (same terms, same order)."""
-        if rows < 1:
-            raise ValueError(f"decode_steps_s: rows must be >= 1, got {rows}")
-        (base, embed), (sample, host_s) = self._per_counts(rows, rows)
-        host = self._host_layer_s + self._kernel_s
-        if not self.engine.full_graph(0, rows):
-            host += self.engine.piecewise_layer_s
-        curve, layers, overlapped = self._generation.row(rows), self._layers, self._overlapped
-        out = []
-        for ctx in range(context, context + rows * num_steps, rows):
-            layer = base + curve(ctx / rows) * MS
-            gpu_s = layers * (layer if layer > host else host) + embed + sample
-            if overlapped:
-                out.append(gpu_s if gpu_s > host_s else host_s)
-            else:
-                out.append(gpu_s + host_s)
-        return out
+    def _decode_attention_s(self, rows: int, contexts: range) -> list[float]:
+        """One layer's decode attention of `rows` rows from the measured table."""
+        curve = self._generation.row(rows)
+        return [curve(ctx / rows) * MS for ctx in contexts]
 
 
 def kernel_cost_backend(model: ModelSpec, hardware: HardwareSpec, tables: KernelTables,
