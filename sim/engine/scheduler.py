@@ -306,7 +306,7 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
         if plan.num_spec_tokens and not self.batching.reserves_full:
-            self._release_lookahead(plan)
+            self.speculator.release_lookahead(plan, self.block_manager)
         if fast_forward is not None:  # the listed requests that decode from now on
             fast_forward.adopt(plan.requests)
         returned = self._returned
@@ -319,14 +319,6 @@ class Scheduler:
             self._charge(plan)
         if plan.num_spec_tokens:
             self.speculator.settle(plan, result, now)
-
-    def _release_lookahead(self, plan: BatchPlan) -> None:
-        """Free the blocks a verified row took for proposals that were rejected: it keeps
-        those of its computed tokens, as a row that decoded one token at a time would."""
-        bm = self.block_manager
-        for request in plan.requests:
-            if request.request_id in plan.num_spec_tokens and request.status is _RUNNING:
-                bm.shrink(request.request_id, request.num_computed_tokens)
 
     def _update_fast_forward(self, sampled: dict[str, int] | None, now: float) -> list[Request]:
         """Apply the step that ended at `now` to the fast-forwarded rows; those it finished."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import zlib
 from typing import NamedTuple
 
-from sim.engine.core import BatchPlan, Request, StepResult, token_seed
+from sim.engine.block_manager import BlockManager
+from sim.engine.core import BatchPlan, Request, RequestStatus, StepResult, token_seed
 from sim.engine.speculation.config import SpeculativeConfig
 from sim.engine.speculation.ngram import propose_ngram
 
@@ -92,6 +93,15 @@ class Speculator:
             request.token_times_s.extend([now] * accepted)
             request.num_computed_tokens -= k - accepted
             self._count(k, accepted)
+
+    def release_lookahead(self, plan: BatchPlan, block_manager: BlockManager) -> None:
+        """After the step's tokens: free the blocks a verified row took for proposals that
+        were rejected; it keeps those of its computed tokens, as a row that decoded one token
+        at a time would (a row that finished has freed all of its blocks already)."""
+        for request in plan.requests:
+            if (request.request_id in plan.num_spec_tokens
+                    and request.status is RequestStatus.RUNNING):
+                block_manager.shrink(request.request_id, request.num_computed_tokens)
 
     def _count(self, k: int, accepted: int) -> None:
         self.num_drafts += 1
