@@ -58,12 +58,6 @@ class KernelCostModel(GpuCostModel):
         if shapes.kv_lora_rank:
             raise KernelTableError(f"{shapes.name}: latent attention (MLA) is not priced "
                                    "from the kernel tables")
-        unmeasured = [what for what, there in (
-            ("sliding-window attention", shapes.num_sliding_layers),
-            (f"{shapes.expert_quantization} experts", shapes.expert_quantization)) if there]
-        if unmeasured:
-            raise KernelTableError(f"{shapes.name}: {' and '.join(unmeasured)} not priced "
-                                   "from the kernel tables")
         self.tables = tables
         self.notes: list[str] = []  # shapes priced from a neighbour, for the description
         quant = self._block_fp8(quantization) or gemm_quant(quantization, dtype,
@@ -130,8 +124,9 @@ class KernelCostModel(GpuCostModel):
         if not s.is_moe:
             return
         ep = self.expert_parallel
-        self._moe = tables.moe(quant, h, s.moe_intermediate_size, s.num_experts,
-                               s.experts_per_token, 1 if ep > 1 else tp, ep)
+        # Experts in their own format (gpt-oss's MXFP4) read that format's table.
+        self._moe = tables.moe(s.expert_quantization or quant, h, s.moe_intermediate_size,
+                               s.num_experts, s.experts_per_token, 1 if ep > 1 else tp, ep)
         self._router = tables.gemm(base, s.num_experts, h)
         if s.shared_expert_intermediate_size:
             inter = s.shared_expert_intermediate_size // tp
@@ -213,17 +208,24 @@ class KernelCostModel(GpuCostModel):
     def prefill_attention_s(self, plan: BatchPlan) -> float:
         """One layer's prefill attention: the table at the chunks' batch and mean KV length
         after them (token-weighted), scaled from the table's b x L^2 / 2 causal pairs to the
-        plan's, and never below the same chunks without context (a launch floor)."""
+        plan's, and never below the same chunks without context (a launch floor). A
+        sliding-window layer (gpt-oss) attends to at most `window` keys a token: its pairs
+        are bounded by tokens x window, its floor by a window-long chunk; the result is the
+        layers' mean."""
         seqs, tokens = plan.prefill_seqs or 1, plan.prefill_tokens
         row = self._context.row(seqs)
         chunk = tokens / seqs
         full = plan.prefill_attn / tokens  # (a plan that left the totals unset: no context)
         if full < chunk:
             full = chunk
-        pairs = seqs * full * full / 2
-        scaled = row(full) * (plan.prefill_attn_causal or pairs) / pairs
-        alone = row(chunk)
-        return (scaled if scaled > alone else alone) * MS
+        pairs = plan.prefill_attn_causal or seqs * full * full / 2
+        out = _scaled_pairs_s(row, seqs, full, pairs, chunk)
+        if self._window:
+            window = self._window
+            windowed = _scaled_pairs_s(row, seqs, full, min(pairs, tokens * window),
+                                       min(chunk, window))
+            out += self._window_share * (windowed - out)
+        return out * MS
 
     def _with_attention(self, plan: BatchPlan, layer: float,
                         host: float) -> tuple[float, float]:
@@ -236,14 +238,31 @@ class KernelCostModel(GpuCostModel):
             curve = self._decode_rows.get(decode_seqs)
             if curve is None:
                 curve = self._decode_rows[decode_seqs] = self._generation.row(decode_seqs)
-            layer += curve(plan.decode_context / decode_seqs) * MS
+            layer += self._decode_mean_s(curve, plan.decode_context / decode_seqs)
             host += self._kernel_s
         return layer, host
+
+    def _decode_mean_s(self, curve: Curve, context: float) -> float:
+        """One layer's decode attention at a mean KV length, averaged over the layers: a
+        sliding-window layer reads at most the window."""
+        out = curve(context)
+        if self._window and context > self._window:
+            out += self._window_share * (curve(self._window) - out)
+        return out * MS
 
     def _decode_attention_s(self, rows: int, contexts: range) -> list[float]:
         """One layer's decode attention of `rows` rows from the measured table."""
         curve = self._generation.row(rows)
-        return [curve(ctx / rows) * MS for ctx in contexts]
+        return [self._decode_mean_s(curve, ctx / rows) for ctx in contexts]
+
+
+def _scaled_pairs_s(row: Curve, seqs: int, length: float, pairs: float, floor_len: float
+                    ) -> float:
+    """The context-attention row at `length`, scaled from its seqs x length^2 / 2 causal
+    pairs to `pairs`, never below the row at `floor_len` (ms)."""
+    scaled = row(length) * pairs / (seqs * length * length / 2)
+    alone = row(floor_len)
+    return scaled if scaled > alone else alone
 
 
 def kernel_cost_backend(model: ModelSpec, hardware: HardwareSpec, tables: KernelTables,

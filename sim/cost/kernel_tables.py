@@ -160,7 +160,14 @@ class KernelTables:
     def gemm(self, quant: str, n: int, k: int) -> Curve:
         """A [m, k] x [k, n] GEMM's latency (ms) against m: the measured (n, k), else the
         log-space blend of the measured ones around it, else the nearest edge scaled by
-        FLOPs (n x k) beyond the measured range."""
+        FLOPs (n x k) beyond the measured range. Block-scaled fp8 as a CUDA graph replays it
+        (graph_replayed_block)."""
+        if quant == "fp8_block" and "fp8" in self.gemm_quants():
+            return graph_replayed_block(self._measured_gemm(quant, n, k),
+                                        self._measured_gemm("fp8", n, k))
+        return self._measured_gemm(quant, n, k)
+
+    def _measured_gemm(self, quant: str, n: int, k: int) -> Curve:
         grid = _gemm_grid(self._path("gemm"), self._fill_version("gemm", quant), quant)
         if not grid:
             raise KernelTableError(f"{self.gpu} vLLM {self.vllm_version}: no {quant} GEMM "
@@ -291,6 +298,20 @@ class AllReduce:
         if self.custom is not None and message_bytes < self.custom_max_bytes:
             return self.custom(message_bytes)
         return self.nccl(message_bytes)
+
+
+def graph_replayed_block(block: Curve, tensor: Curve) -> Curve:
+    """Block-scaled fp8 GEMM times as a step inside a CUDA graph pays them. Upstream times
+    that one GEMM table eagerly (every other table inside a CUDA graph), so its few-row
+    times are the host's launches (a flat ~60-90 us on the H100, 7-9x the per-tensor fp8
+    GEMM of the same bytes). A graph replays only the GPU's time: the per-tensor fp8 curve
+    (same weight bytes, same tensor-core rate) scaled by the two tables' ratio at the
+    largest row count both measured, where the GEMM is compute-bound and launches vanish;
+    never above the eager time measured."""
+    top = min(block.xs[-1], tensor.xs[-1])
+    ratio = block(top) / tensor(top)
+    knots = sorted({*block.xs, *tensor.xs})
+    return Curve(knots, [min(block(m), ratio * tensor(m)) for m in knots], power=block.power)
 
 
 def available_gpus(data_dir: Path = DATA_DIR) -> list[str]:

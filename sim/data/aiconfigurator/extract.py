@@ -42,9 +42,12 @@ UPSTREAM = "https://github.com/ai-dynamo/aiconfigurator"
 # servelab's GPU file name -> aiconfigurator's system name (vLLM data measured there).
 GPUS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
         "rtx-pro-6000": "rtx_pro_6000_server", "a100-80gb": "a100_sxm"}
-# Upstream's dtype names -> ours. nvfp4 and 4-bit MoE lanes are dropped: servelab prices
-# no such quantization (sim.cost.roofline.QUANTIZATIONS).
+# Upstream's dtype names -> ours. nvfp4 and the other 4-bit lanes are dropped: servelab
+# prices no such quantization (sim.cost.roofline.QUANTIZATIONS).
 QUANTS = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_block": "fp8_block"}
+# The MoE table also keeps MXFP4 experts with 16-bit activations (gpt-oss's checkpoint format,
+# which vLLM runs weight-only where the GPU has no FP4 tensor cores).
+MOE_QUANTS = {**QUANTS, "w4a16_mxfp4": "mxfp4"}
 # Bytes of one element of each collective dtype: both all-reduce tables count message_size
 # in ELEMENTS (aiconfigurator's collector/network/collect_nccl.py writes size //
 # bytes_per_element; the vLLM custom all-reduce collector counts tensor elements). We store
@@ -159,8 +162,8 @@ def _generation_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, 
 
 def _moe(frame: pd.DataFrame) -> pd.DataFrame:
     """Fused-MoE layers with tokens spread evenly over experts (the 'balanced' rows)."""
-    frame = frame[(frame["distribution"] == "balanced") & frame["moe_dtype"].isin(QUANTS)]
-    out = pd.DataFrame({"quant": frame["moe_dtype"].map(QUANTS), "tokens": frame["num_tokens"],
+    frame = frame[(frame["distribution"] == "balanced") & frame["moe_dtype"].isin(MOE_QUANTS)]
+    out = pd.DataFrame({"quant": frame["moe_dtype"].map(MOE_QUANTS), "tokens": frame["num_tokens"],
                         "hidden": frame["hidden_size"], "inter": frame["inter_size"],
                         "experts": frame["num_experts"], "topk": frame["topk"],
                         "tp": frame["moe_tp_size"], "ep": frame["moe_ep_size"],

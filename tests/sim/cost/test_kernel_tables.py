@@ -14,7 +14,12 @@ from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_shapes import LayerShapes, known_gpu
 from sim.cost.kernel_cost import KernelCostModel, gemm_quant
 from sim.cost.kernel_curves import Curve, Grid, blend, bracket
-from sim.cost.kernel_tables import DATA_DIR, KernelTableError, KernelTables
+from sim.cost.kernel_tables import (
+    DATA_DIR,
+    KernelTableError,
+    KernelTables,
+    graph_replayed_block,
+)
 from sim.engine.core import BatchPlan
 
 EXTRACT = DATA_DIR / "extract.py"
@@ -271,3 +276,21 @@ def test_measured_fp8_gemms_cut_decode_and_speed_prefill_less_than_the_datasheet
 
     assert 0.5 < step(_decode(8), "fp8") / step(_decode(8), None) < 0.8
     assert 0.5 < step(_prefill(4096), "fp8") / step(_prefill(4096), None) < 0.95
+
+
+def test_block_fp8_gemms_are_priced_as_a_cuda_graph_replays_them():
+    """The block-scaled table was timed eagerly (host-bound at few rows); the priced curve
+    is the graph-timed per-tensor curve scaled by the two tables' compute-bound ratio, never
+    above the eager time, and equal to the eager time where that is the cheaper."""
+    eager = Curve([1, 64, 4096, 32768], [0.060, 0.085, 0.30, 2.0])
+    tensor = Curve([1, 64, 4096, 32768], [0.008, 0.010, 0.35, 2.5])
+    graphed = graph_replayed_block(eager, tensor)
+    assert graphed(32768) == pytest.approx(2.0)  # exact where both are compute-bound
+    assert graphed(1) == pytest.approx(0.008 * 0.8)  # the launches gone
+    assert all(graphed(m) <= eager(m) + 1e-12 for m in (1, 8, 64, 512, 4096, 32768))
+
+
+def test_shipped_h100_block_fp8_decode_gemm_is_not_host_bound():
+    tables = KernelTables.load("h100", "0.24.0")
+    block, tensor = tables.gemm("fp8_block", 4096, 4096), tables.gemm("fp8", 4096, 4096)
+    assert block(4) < 2 * tensor(4)  # the eager table alone says ~7x

@@ -10,7 +10,7 @@ import pytest
 
 from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.kernel_cost import kernel_cost_backend
-from sim.cost.kernel_tables import KernelTableError, KernelTables
+from sim.cost.kernel_tables import KernelTables
 from sim.cost.roofline import AnalyticCostModel
 from sim.cost.roofline_coefficients import windowed_sums
 from sim.deployment import DeploymentOptions, build_deployment
@@ -141,10 +141,46 @@ def test_minimax_other_qk_norm_types_are_refused():
         spec_from_config({**_config(MINIMAX), "qk_norm_type": "per_head"}, "m")
 
 
-def test_kernel_tables_name_what_they_do_not_price_for_gpt_oss():
+def _decode(rows: int, context: int) -> BatchPlan:
+    return BatchPlan(decode_seqs=rows, num_sampled=rows, decode_context=rows * context,
+                     decode_context_max=context)
+
+
+def test_gpt_oss_prices_its_mxfp4_experts_from_the_measured_mxfp4_moe():
     tables = KernelTables.load("h100")
-    with pytest.raises(KernelTableError, match="sliding-window attention and mxfp4 experts"):
-        kernel_cost_backend(resolve_model(GPT_OSS), hardware_spec("h100"), tables, 2)
+    model = kernel_cost_backend(resolve_model(GPT_OSS), hardware_spec("h100"), tables, 2)
+    shapes = model.shapes
+    mxfp4 = tables.moe("mxfp4", shapes.hidden_size, shapes.moe_intermediate_size,
+                       shapes.num_experts, shapes.experts_per_token, 2, 1)
+    assert model._moe(8) == mxfp4(8)
+    # At a memory-bound batch the MXFP4 layer (13 MB an expert, 4 of 128 a token) beats a
+    # measured 16-bit layer of a smaller shape (30 MB an expert, 6 of 128 a token).
+    bf16 = tables.moe("bf16", 2688, 1856, 128, 6, 1, 1)
+    assert tables.moe("mxfp4", 2880, 2880, 128, 4, 1, 1)(8) < bf16(8)
+
+
+def test_gpt_oss_sliding_window_layers_stop_growing_past_the_window():
+    """Half of gpt-oss's layers read at most 128 keys: past the window, decode attention
+    grows at half the rate of a model whose every layer is full, and a long prefill's
+    attention about halves."""
+    tables, h100 = KernelTables.load("h100"), hardware_spec("h100")
+    windowed = kernel_cost_backend(resolve_model(GPT_OSS), h100, tables, 2)
+    full = kernel_cost_backend(replace(resolve_model(GPT_OSS), sliding_window=0,
+                                       num_sliding_layers=0), h100, tables, 2)
+    short = [m.predict(_decode(32, 100)) for m in (windowed, full)]
+    assert short[0] == pytest.approx(short[1])  # within the window: the same reads
+    growth = [m.predict(_decode(32, 16000)) - m.predict(_decode(32, 1000))
+              for m in (windowed, full)]
+    assert 0.4 < growth[0] / growth[1] < 0.6
+    long = _prefill_plan(8192)
+    ratio = windowed.prefill_attention_s(long) / full.prefill_attention_s(long)
+    assert 0.45 < ratio < 0.6
+
+
+def _prefill_plan(tokens: int) -> BatchPlan:
+    return BatchPlan(prefill_tokens=tokens, prefill_seqs=1, num_sampled=1,
+                     prefill_attn=tokens * tokens,
+                     prefill_attn_causal=tokens * tokens - tokens * (tokens - 1) // 2)
 
 
 def test_minimax_block_fp8_reads_the_measured_block_scaled_moe():
