@@ -182,9 +182,10 @@ def _write_out(out_dir: Path, sweep: SpeculativeSweep, where: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_output(out_dir / "speculative_sweep.csv") as temp:
         pd.DataFrame(paired).to_csv(temp, index=False)
-    trace = sweep.trace
+    trace, rates = sweep.trace, [r["rate_rps"] for r in paired]
     title = (f"speculative decoding against load: {describe_speculation(speculative)}\n"
-             f"{trace.name}, {len(trace)} requests; {where.split('; ')[0]}, simulated")
+             f"{trace.name}, {len(trace)} requests at {min(rates):.2f}-{max(rates):.2f} "
+             f"req/s; {where.split('; ')[0]}, simulated")
     notes = [describe_crossover(p, r) for p, r in crossovers.items()]
     path = crossover_chart(paired, crossovers, out_dir, title, notes)
     print(f"wrote speculative_sweep.csv and {path.name} to {out_dir}")

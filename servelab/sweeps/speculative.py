@@ -130,7 +130,8 @@ def describe_crossover(policy: str, record: dict) -> str:
     if state == "crossover":
         before, after = record["bracket_rps"]
         return (f"{policy}: speculation stops paying at ~{record['rate_rps']:.2f} req/s "
-                f"(x{record['qps_scale']:.3g}; faster at {before:.2f}, slower at {after:.2f})")
+                f"(x{record['qps_scale']:.3g}; faster at {before:.2f} req/s, slower at "
+                f"{after:.2f})")
     if state == "never pays":
         return (f"{policy}: no crossover in {low:.2f}-{high:.2f} req/s: speculation is "
                 "slower already at the lowest rate")
