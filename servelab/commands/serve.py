@@ -26,6 +26,7 @@ from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import DEFAULT_POLICY
+from sim.engine.speculation.config import SpeculativeConfig
 
 DEFAULT_SIMULATED_MODEL = DeploymentOptions.model  # `servelab simulate`'s default deployment
 
@@ -125,10 +126,12 @@ def run(args: argparse.Namespace) -> int:
 
 def engine_figures(scheduler: Scheduler) -> str:
     """The limits the engine runs with, read from its scheduler (not from the flags)."""
-    config = scheduler.config
+    config, spec = scheduler.config, scheduler.config.speculative
+    speculation = ("" if spec is None else
+                   f", speculative {spec.method} k={spec.num_speculative_tokens}")
     return (f"{config.policy}, {config.num_blocks} KV blocks of {config.block_size}, "
             f"token budget {config.budget}, {config.max_num_seqs} seqs, "
-            f"max_model_len {config.max_model_len}")
+            f"max_model_len {config.max_model_len}{speculation}")
 
 
 def _executor_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
@@ -146,6 +149,7 @@ def _executor_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
     if simulator_only:
         raise ValueError(f"{', '.join(simulator_only)}: only with --simulate (they "
                          "describe a simulated deployment)")
+    _check_executor_speculation(args)
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     # torch loads now and pins this thread to one core. The build thread inherits that pin,
     # so it gets the thread count resolved here (counted there it would be 1).
@@ -161,9 +165,19 @@ def _executor_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
                   f"{name} on {loaded.device} ({loaded.threads} threads)", cpus)
 
 
+def _check_executor_speculation(args: argparse.Namespace) -> None:
+    """Before the model loads: the executor proposes by n-gram lookup only."""
+    if not args.speculative_config:
+        return
+    spec = SpeculativeConfig.from_json(args.speculative_config)
+    if spec.method != "ngram":
+        raise ValueError(f"--speculative-config: method {spec.method!r} has no drafter on the "
+                         "executor yet; use ngram (or --simulate)")
+
+
 def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
     """The scheduler on a cost model paced in wall-clock time; no torch, no weights."""
-    from servelab.serve.simulated import SimulatedBackend
+    from servelab.serve.simulated import SimulatedBackend, simulate_speculation
 
     executor_only = [flag for flag, given in (
         ("--device", args.device != "auto"), ("--threads", args.threads is not None),
@@ -179,10 +193,12 @@ def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
         tensor_parallel=1))
     config = deployment_scheduler_config(args, args.policy, deployment)
     cost, where = deployment.cost_model, deployment.description
-    backend = SimulatedBackend(cost, round_trip_token_ids(tokenizer))
+    scheduler = Scheduler(config)
+    backend = SimulatedBackend(cost, round_trip_token_ids(tokenizer),
+                               acceptance=simulate_speculation(scheduler))
     # The served id: --model, else what a calibration was measured on, else the preset.
     name = args.model or getattr(cost, "meta", {}).get("model") or DEFAULT_SIMULATED_MODEL
-    return _Parts(Scheduler(config), backend, tokenizer.vocab_size, name,
+    return _Parts(scheduler, backend, tokenizer.vocab_size, name,
                   f"{name}, simulated {priced_at_budget(where, deployment, config.budget)}",
                   None)
 

@@ -8,6 +8,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from servelab.cluster_args import add_cluster_args, cluster_from_args, describe_cluster
+from servelab.commands.compare_speculative import (
+    add_speculative_compare_args,
+    run_speculative_compare,
+)
 from servelab.sim_args import (
     add_cost_model_args,
     add_output_args,
@@ -30,6 +34,8 @@ from sim.policy_runs import PolicyOutcome, simulate_policies
 from sim.replay.overload import Overload
 from workloads import Trace
 
+ALL_POLICIES = "static,continuous,recompute,chunked"  # what compare runs by default
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulate one policy on a trace")
@@ -45,12 +51,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp = subparsers.add_parser("compare", help="simulate several policies on one trace")
     add_trace_args(cmp, positional=False)
     add_rate_args(cmp)
-    cmp.add_argument("--policies", default="static,continuous,recompute,chunked",
-                     help="comma-separated policies")
+    cmp.add_argument("--policies", default=None,
+                     help=f"comma-separated policies (default {ALL_POLICIES}; with "
+                          "--speculative, the deployment's default policy)")
     cmp.add_argument("--workers", type=int, default=None,
                      help="processes to run policies in (default: one per policy, <= cores)")
     _add_deployment_args(cmp)
-    cmp.set_defaults(func=lambda args: _run(args, parse_policies(args.policies)))
+    add_speculative_compare_args(cmp)
+    cmp.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """compare's policies; with --speculative, the speculative crossover instead."""
+    if args.speculative is not None:
+        policies = None if args.policies is None else parse_policies(args.policies)
+        return run_speculative_compare(args, policies)
+    if args.qps_scales is not None:
+        raise ValueError("--qps-scales: only with --speculative (`servelab sweep` runs "
+                         "policies across rates)")
+    return _run(args, parse_policies(args.policies or ALL_POLICIES))
 
 
 def _add_deployment_args(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servelab.serve.handoff import Clock, Draining, Overloaded, StreamEvent, TokenSink, post_events
 from servelab.serve.metrics import ServerMetrics
@@ -74,7 +74,8 @@ class _PlanRecorder:
         # Tokens are stamped when they became available: the step ends now, so it lasted
         # from when it was scheduled (scheduling took time too), not the backend's part alone.
         self.end_s = self.clock.now()
-        return StepResult(self.end_s - self.start_s, result.sampled_token_ids)
+        # (replace keeps every other field: a verifying row's tokens among them)
+        return replace(result, duration_s=self.end_s - self.start_s)
 
     def free(self, request: Request) -> None:
         self.backend.free(request)

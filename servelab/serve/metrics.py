@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.speculation.speculator import Speculator
 
 # vLLM's bucket boundaries, in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -63,6 +64,8 @@ class ServerMetrics:
                           ["model_name", "finished_reason"], registry=reg)
         self._success = {reason: success.labels(model_name, reason.value)
                          for reason in FinishReason}
+        self._model_name = model_name
+        self._spec: _SpecDecodeCounters | None = None  # describe_speculation: on
 
     def on_tokens(self, request: Request, first_new: int) -> None:
         """Record tokens first_new.. of a request (its first token also counts the prompt)."""
@@ -96,6 +99,10 @@ class ServerMetrics:
         Gauge(KERNEL_INFO, "Information of the executor's kernels.", ["row_knots"],
               registry=self.registry).labels(",".join(map(str, row_knots))).set(1)
 
+    def describe_speculation(self, num_speculative_tokens: int) -> None:
+        """vLLM's spec-decode counters, registered only when speculation is on (as vLLM does)."""
+        self._spec = _SpecDecodeCounters(self.registry, self._model_name, num_speculative_tokens)
+
     def set_state(self, scheduler: Scheduler) -> None:
         """The scheduler's state after a step (engine thread: the scheduler's owner)."""
         self.running.set(len(scheduler.running))
@@ -104,6 +111,8 @@ class ServerMetrics:
         self.preemptions.set(scheduler.num_preemptions)
         self.prefix_cache_queries.set(scheduler.prefix_cache_queries)
         self.prefix_cache_hits.set(scheduler.prefix_cache_hits)
+        if self._spec is not None and scheduler.speculator is not None:
+            self._spec.set(scheduler.speculator)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
@@ -125,3 +134,31 @@ class _RunningTotal:
         if total > self._seen:
             self._counter.inc(total - self._seen)
             self._seen = total
+
+
+class _SpecDecodeCounters:
+    """vllm:spec_decode_* as vLLM names and labels them (vllm/v1/spec_decode/metrics.py), with
+    the server's model_name label: verifying rows, proposals, accepted proposals, and accepted
+    proposals by position (label position="0".."k-1"). They follow the speculator's totals."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, k: int) -> None:
+        def counter(name: str, doc: str) -> _RunningTotal:
+            return _RunningTotal(Counter(name, doc, ["model_name"],
+                                         registry=registry).labels(model_name))
+
+        self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
+                                    "Number of draft tokens.")
+        self.accepted = counter("vllm:spec_decode_num_accepted_tokens",
+                                "Number of accepted tokens.")
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                          "Accepted tokens per draft position.", ["model_name", "position"],
+                          registry=registry)
+        self.per_pos = [_RunningTotal(per_pos.labels(model_name, str(i))) for i in range(k)]
+
+    def set(self, speculator: Speculator) -> None:
+        self.drafts.set(speculator.num_drafts)
+        self.draft_tokens.set(speculator.num_draft_tokens)
+        self.accepted.set(speculator.num_accepted_tokens)
+        for total, count in zip(self.per_pos, speculator.accepted_per_pos, strict=True):
+            total.set(count)

@@ -62,6 +62,8 @@ def assemble(scheduler: Scheduler, backend: Backend, tokenizer: Tokenizer, vocab
     metrics = ServerMetrics(api.model_name)
     metrics.describe_cache(scheduler.config)
     metrics.describe_kernels(row_knots(backend))
+    if scheduler.config.speculative is not None:
+        metrics.describe_speculation(scheduler.config.speculative.num_speculative_tokens)
     log = RequestLog(request_log) if request_log is not None else None
     thread = EngineThread(scheduler, backend, clock, engine, metrics, log)
     return ServeState(api, thread, tokenizer, metrics, vocab_size, log)

@@ -9,6 +9,11 @@ one token ("xxxx") merges under a BPE tokenizer, so they would count 2 tokens wh
 server sent 128. The token pool holds ids that survive decode-then-encode next to each other
 (whole words between the pre-tokenizer's splits, or single bytes), checked on a drawn
 sequence, and each request draws from it by its seed.
+
+With `--speculative-config`, a decoding row verifies k proposals and keeps as many as the
+configured acceptance rates draw, exactly as `servelab simulate` prices it; the tokens a
+row gains are the ones it would have drawn one step at a time, so speculation changes when
+tokens arrive, never which.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ import numpy as np
 
 from servelab.serve.tokenizer import Tokenizer
 from sim.engine.core import Backend, BatchPlan, Request, StepResult, token_seed
+from sim.engine.scheduler import Scheduler
+from sim.engine.speculation.config import SpeculativeConfig
+from sim.engine.speculation.speculator import Draft, Speculator
+
+Acceptance = Callable[[Request, int], int]  # (row, proposals) -> proposals accepted
 
 POOL_SIZE = 512  # ids kept: plenty of variety, and a start-up check of milliseconds
 MAX_SCANNED = 20_000  # candidates tried before giving up on filling the pool
@@ -105,11 +115,15 @@ class SimulatedBackend:
 
     def __init__(self, cost: Backend, pool: Sequence[int],
                  sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 acceptance: Acceptance | None = None) -> None:
         self.cost = cost
         if not pool:
             raise ValueError("SimulatedBackend: the token pool is empty")
         self.pool = pool
+        # Speculation: how many of a verifying row's proposals the target "accepts" (the
+        # scheduler's speculator draws it from acceptance_rates); None: speculation is off.
+        self._acceptance = acceptance
         self._sleep = sleep
         self._clock = clock
         self._due_s: float | None = None  # clock() at which the previous step was due to end
@@ -119,6 +133,7 @@ class SimulatedBackend:
         start_s = self._clock()
         duration_s = self.cost.execute(plan).duration_s
         sampled = sampled_token_ids(plan, self.pool)
+        verified = self._verified(plan) if plan.num_spec_tokens else None
         begin_s = start_s
         if self._due_s is not None and continues_running(plan):
             # Credit at most this step's own duration: a backlog larger than that (a machine
@@ -129,7 +144,24 @@ class SimulatedBackend:
         if remaining_s > 0:
             self._sleep(remaining_s)
         self._due_s = due_s
-        return StepResult(self._clock() - start_s, sampled)
+        return StepResult(self._clock() - start_s, sampled, verified)
+
+    def _verified(self, plan: BatchPlan) -> dict[str, list[int]]:
+        """Each verifying row's tokens: its accepted proposals and the token after them, the
+        1 + a tokens it draws next (a from the acceptance rates)."""
+        if self._acceptance is None:
+            raise ValueError("SimulatedBackend: a plan verifies proposals but no acceptance "
+                             "was configured")
+        verified = {}
+        for request in plan.requests:
+            k = plan.num_spec_tokens.get(request.request_id)
+            if k is None:
+                continue
+            index, seed = len(request.output_token_ids), request.sampling.seed
+            verified[request.request_id] = [
+                draw_token(self.pool, seed, index + i)
+                for i in range(self._acceptance(request, k) + 1)]
+        return verified
 
     def free(self, request: Request) -> None:
         """Backend protocol: drawing a token needs no per-request state."""
@@ -155,3 +187,36 @@ def sampled_token_ids(plan: BatchPlan, pool: Sequence[int]) -> dict[str, int]:
             index = len(request.output_token_ids)  # which output token this draw produces
             sampled[request.request_id] = draw_token(pool, request.sampling.seed, index)
     return sampled
+
+
+class DrawnSpeculator(Speculator):
+    """The simulated server's speculation: every decoding row proposes k tokens and the
+    acceptance rates decide how many are accepted, as in `servelab simulate`.
+
+    The simulated server's text is drawn at random, so an n-gram lookup over it would say
+    nothing about a real deployment's acceptance; the configured rates (per decoding row, as
+    `simulate` reads them) stand in for it."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        if config.method != "ngram":
+            raise ValueError(f"speculative method {config.method!r}: its drafter's forward "
+                             "passes are not priced yet; simulate ngram")
+        if not config.acceptance_rates:
+            raise ValueError("serve --simulate with --speculative-config needs "
+                             "acceptance_rates (no model verifies the proposals)")
+        super().__init__(config)
+
+    def propose(self, request: Request, limit: int) -> Draft:
+        """k proposals (at most `limit`), no ids: the backend draws the tokens."""
+        k = min(self.config.num_speculative_tokens, limit)
+        return Draft(max(k, 0), ())
+
+
+def simulate_speculation(scheduler: Scheduler) -> Acceptance | None:
+    """Give the scheduler a DrawnSpeculator when speculation is on; the acceptance its
+    SimulatedBackend draws with (None: off)."""
+    config = scheduler.config.speculative
+    if config is None:
+        return None
+    scheduler.speculator = DrawnSpeculator(config)
+    return scheduler.speculator.draw_accepted

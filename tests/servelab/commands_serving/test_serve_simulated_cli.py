@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from servelab.cli import build_parser, main
-from servelab.commands.serve import _simulated_parts
+from servelab.commands.serve import _simulated_parts, engine_figures
 from servelab.serve.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -72,6 +72,13 @@ def get_modules(process: subprocess.Popen) -> str:
     (["--simulate", "--model", "no-such-model"], "no-such-model"),
     (["--simulate", "--hardware", "no-such-gpu"], "no-such-gpu"),
     (["--simulate", "--dtype", "float32"], "float32"),
+    (["--simulate", "--speculative-config", '{"method": "ngram"}'], "needs acceptance_rates"),
+    (["--simulate", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 1, '
+      '"acceptance_rates": [0.5]}'], "not priced yet"),
+    (["--speculative-config", '{"method": "eagle"}'], "no drafter on the executor"),
+    (["--simulate", "--speculative-config", "{"], "--speculative-config is not JSON"),
+    (["--simulate", "--policy", "static", "--speculative-config",
+      '{"num_speculative_tokens": 1, "acceptance_rates": [0.5]}'], "not static"),
 ])
 def test_serve_simulate_rejects_flags_of_the_other_mode(argv, message, capsys):
     assert main(["serve", "--port", "0", *argv]) == 2
@@ -86,3 +93,11 @@ def test_start_up_line_states_the_fitted_range_for_the_engines_own_budget(budget
     assert parts.scheduler.config.budget == budget
     assert f"steps up to {budget} tokens" in parts.where  # h100: inside the fitted data
     assert "steps up to 2048" not in parts.where
+
+
+def test_start_up_line_names_the_speculation():
+    args = build_parser().parse_args(["serve", "--simulate", "--speculative-config",
+                                      '{"num_speculative_tokens": 2, "acceptance_rates": '
+                                      '[0.5, 0.2]}'])
+    parts = _simulated_parts(args, ByteTokenizer())
+    assert engine_figures(parts.scheduler).endswith(", speculative ngram k=2")

@@ -19,6 +19,7 @@ from servelab.serve.tokenizer import ByteTokenizer
 from sim.engine.core import Backend, BatchPlan, FinishReason, Request, SamplingParams, StepResult
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.speculation.config import SpeculativeConfig
 from sim.engine.step import Engine
 
 MODEL = "tiny"
@@ -34,11 +35,13 @@ def start_server(model, *, policy: str = "continuous", num_blocks: int = 1024,
                  request_log: Path | None = None, max_body_bytes: int = 1 << 16,
                  wrap: Callable[[Backend], Backend] | None = None,
                  enable_prefix_caching: bool = True,
-                 allowed_token_ids: tuple[int, ...] | None = None) -> ServerThread:
+                 allowed_token_ids: tuple[int, ...] | None = None,
+                 speculative: SpeculativeConfig | None = None) -> ServerThread:
     """A tiny-model server on a free 127.0.0.1 port (enter it to start)."""
     config = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=BLOCK_SIZE,
                              max_num_seqs=max_num_seqs, max_model_len=MAX_MODEL_LEN,
-                             enable_prefix_caching=enable_prefix_caching)
+                             enable_prefix_caching=enable_prefix_caching,
+                             speculative=speculative)
     scheduler = Scheduler(config)
     backend: Backend = ModelBackend(model, scheduler.block_manager,
                                     allowed_token_ids=allowed_token_ids)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servelab.serve.helpers import HANG_S, health
+from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.speculation.config import SpeculativeConfig
+from tests.servelab.serve.helpers import (
+    BLOCK_SIZE,
+    HANG_S,
+    MAX_MODEL_LEN,
+    health,
+    offline_outputs,
+    start_server,
+)
 
 NAMES = (
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -67,3 +76,27 @@ def test_models_lists_the_served_model(server):
     (card,) = data["data"]
     assert card["id"] == "tiny" and card["object"] == "model"
     assert card["max_model_len"] == 256 and card["vocab_size"] == 320
+
+
+def test_executor_server_counts_spec_decode_and_keeps_greedy_outputs(tiny_model):
+    """n-gram on the real model: the counters agree with each other and the greedy outputs
+    are those of plain decoding offline."""
+    spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1,
+                             prompt_lookup_max=3)
+    bodies = [{"prompt": [5, 6, 7, 5, 6, 7, 5 + i], "max_tokens": 24, "ignore_eos": True,
+               "temperature": 0.0, "seed": i, "return_token_ids": True} for i in range(3)]
+    with start_server(tiny_model, speculative=spec) as server:
+        outputs = [httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
+                              timeout=HANG_S).json()["choices"][0]["token_ids"]
+                   for body in bodies]
+        after = samples(server.url)
+    plain = SchedulerConfig(policy="continuous", num_blocks=1024, block_size=BLOCK_SIZE,
+                            max_model_len=MAX_MODEL_LEN)
+    assert outputs == offline_outputs(tiny_model, bodies, plain)
+    drafts = after["vllm:spec_decode_num_drafts_total"]
+    proposed = after["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = after["vllm:spec_decode_num_accepted_tokens_total"]
+    # (samples sums the per-position counter over its position labels)
+    assert after["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == accepted
+    assert 0 < drafts <= proposed <= 3 * drafts and 0 < accepted <= proposed
+    assert after["vllm:generation_tokens_total"] == 3 * 24

@@ -8,11 +8,17 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.bench.client import BenchConfig, bench_requests, run_bench
 from servelab.serve.engine_thread import EngineThreadConfig
 from servelab.serve.server import ServerThread, assemble
-from servelab.serve.simulated import SimulatedBackend, round_trip_token_ids, sampled_token_ids
+from servelab.serve.simulated import (
+    SimulatedBackend,
+    round_trip_token_ids,
+    sampled_token_ids,
+    simulate_speculation,
+)
 from servelab.serve.state import ApiConfig
 from servelab.serve.tokenizer import ByteTokenizer
 from sim.cost.fixed_backend import ConstantBackend
@@ -20,6 +26,7 @@ from sim.cost.roofline import AnalyticCostModel
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.speculation.config import SpeculativeConfig
 from sim.engine.step import Engine
 from tests.servelab.serve.helpers import HANG_S
 from workloads import open_trace
@@ -173,15 +180,18 @@ def test_padding_rows_sample_nothing():
     assert sampled_token_ids(plan, (TOKEN,)) == {"b": TOKEN}
 
 
-def simulated_server(num_blocks: int = 2048, max_model_len: int = 1024) -> ServerThread:
+def simulated_server(num_blocks: int = 2048, max_model_len: int = 1024,
+                     speculative: SpeculativeConfig | None = None) -> ServerThread:
     """A server on a simulated Llama-3-8B on an H200, paced on the real clock."""
     tokenizer = ByteTokenizer()
     config = SchedulerConfig(policy="continuous", num_blocks=num_blocks, block_size=16,
-                             max_model_len=max_model_len)
+                             max_model_len=max_model_len, speculative=speculative)
+    scheduler = Scheduler(config)
     backend = SimulatedBackend(AnalyticCostModel.preset("llama-3-8b", "h200"),
-                               round_trip_token_ids(tokenizer))
+                               round_trip_token_ids(tokenizer),
+                               acceptance=simulate_speculation(scheduler))
     api = ApiConfig("llama-3-8b", max_model_len)
-    state = assemble(Scheduler(config), backend, tokenizer, tokenizer.vocab_size, api,
+    state = assemble(scheduler, backend, tokenizer, tokenizer.vocab_size, api,
                      EngineThreadConfig())
     return ServerThread(state)
 
@@ -229,3 +239,48 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(path, body):
     assert counts == sorted(counts) and counts[-1] == 6
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 6
     assert "usage" not in plain[0]  # without stream_options only the finish chunk has it
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    """The vllm:spec_decode_* samples of /metrics, per position where labelled."""
+    text = httpx.get(f"{url}/metrics", trust_env=False, timeout=HANG_S).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:spec_decode") and sample.name.endswith("_total"):
+                assert sample.labels["model_name"] == "llama-3-8b"
+                position = sample.labels.get("position")
+                out[sample.name + ("" if position is None else f"/{position}")] = sample.value
+    return out
+
+
+def test_speculative_simulated_server_exports_vllms_spec_decode_counters():
+    """Rates 1, 1, 0, 0: every verifying row accepts exactly its first two proposals. A
+    10-token request: the prefill's token, then rows of k = 4, 4, 2 (the last cut to what is
+    left) gaining 3 tokens each: 3 drafts, 10 proposals, 6 accepted, at positions 0 and 1."""
+    spec = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 4, '
+                                       '"acceptance_rates": [1.0, 1.0, 0.0, 0.0]}')
+    body = {"model": "llama-3-8b", "prompt": "the cat sat on the mat", "max_tokens": 10,
+            "seed": 5, "return_token_ids": True}
+    with simulated_server(speculative=spec) as server:
+        assert spec_counters(server.url)["vllm:spec_decode_num_drafts_total"] == 0
+        answers = [httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
+                              timeout=HANG_S).json() for _ in range(3)]
+        counters = spec_counters(server.url)
+    with simulated_server() as server:
+        plain = httpx.post(f"{server.url}/v1/completions", json=body, trust_env=False,
+                           timeout=HANG_S).json()
+        assert spec_counters(server.url) == {}  # off: not exported, as vLLM leaves them out
+    assert counters == {
+        "vllm:spec_decode_num_drafts_total": 9,
+        "vllm:spec_decode_num_draft_tokens_total": 30,
+        "vllm:spec_decode_num_accepted_tokens_total": 18,
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total/0": 9,
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total/1": 9,
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total/2": 0,
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total/3": 0,
+    }
+    # Speculation moves when tokens arrive, not which: the text is the plain server's.
+    for answer in answers:
+        assert answer["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+        assert answer["usage"]["completion_tokens"] == 10
