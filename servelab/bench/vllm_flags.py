@@ -75,7 +75,8 @@ def vllm_arrivals(count: int, rate: float, burstiness: float, seed: int) -> np.n
         delays = np.full(count, 1.0 / rate)
     else:
         # vLLM seeds numpy's global (legacy) generator with --seed and draws one interval per
-        # request from it, in order: a RandomState of that seed draws the same numbers.
+        # request from it, in order (its random dataset samples from a generator of its own):
+        # a RandomState of that seed draws the same numbers.
         delays = np.random.RandomState(seed).gamma(
             shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
     times = np.cumsum(delays)
