@@ -10,7 +10,6 @@ from typing import Any
 
 from servelab.flag_types import add_hidden_alias
 from servelab.slo_args import add_goodput_args
-from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import KV_CACHE_DTYPES, QUANTIZATIONS
 from sim.deployment import (
     COSTS,
@@ -335,16 +334,3 @@ def format_classes(results: dict[str, dict]) -> str:
                 lines.append(f"{key:<12}" + "".join(f"{c:>16}" for c in cells))
             blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
-
-
-def priced_at_budget(description: str, deployment: Deployment, budget_tokens: int) -> str:
-    """The deployment's description with its fitted-data coverage stated for the steps the
-    engine takes (up to `budget_tokens`), not for the default budget the description assumed."""
-    hardware = deployment.hardware
-    if hardware is None:  # a calibration: no fitted-data coverage in the description
-        return description
-    model = deployment.model.name
-    # The description states coverage for 2048-token steps, the chunked default, whatever
-    # the budget; restate it for this engine's (a no-op once the two agree).
-    assumed = gpu_coverage(model, hardware.name, ENGINE_DEFAULTS.token_budget)
-    return description.replace(assumed, gpu_coverage(model, hardware.name, budget_tokens))

@@ -142,6 +142,17 @@ class Deployment:
     kv_cache_dtype: str = "auto"  # resolved --kv-cache-dtype: auto (the dtype) or an fp8 one
     # The limits flags left unset take (max_model_len is the field above, this one's capped).
     engine_limits: EngineLimits = ENGINE_DEFAULTS
+    # The description's text before and after the fitted model's coverage of the step shapes
+    # (sim.cost.gpu_terms.coverage), which depends on the engine's token budget; None when no
+    # fitted model prices the steps (the description then holds for any budget).
+    coverage_frame: tuple[str, str] | None = None
+
+    def description_at(self, budget_tokens: int) -> str:
+        """The description with the fitted data's coverage stated for steps of up to
+        `budget_tokens` tokens (`description` states it for ENGINE_DEFAULTS' budget)."""
+        if self.coverage_frame is None or self.hardware is None:
+            return self.description
+        return _framed(self.coverage_frame, self.model.name, self.hardware.name, budget_tokens)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -207,7 +218,8 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_memory_utilization=utilization, gpu_memory_bytes=hardware.memory_bytes,
         gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
-    priced, pricing, vllm_version = _pricing(options, cost, model, hardware, parallel, dtype)
+    priced, pricing, fitted, vllm_version = _pricing(options, cost, model, hardware, parallel,
+                                                     dtype)
     if model.is_mla:
         pricing += ("; latent attention priced with the attention terms fitted on standard "
                     "attention (extrapolated)")
@@ -215,11 +227,22 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         pricing += (f"; attention local to {model.attention_chunk_size}-token chunks priced "
                     "as full attention (exact while a sequence fits one chunk)")
     pricing += "".join(f"; {note}" for note in pricing_notes(model))
+    head = f"{_describe(options, parallel, dtype)}; priced by "
+    frame, description = None, head + pricing
+    if fitted is not None:  # the fitted model's coverage goes between its head and its notes
+        frame = (head + fitted, pricing)
+        description = _framed(frame, model.name, hardware.name, ENGINE_DEFAULTS.token_budget)
     return Deployment(model, hardware, dtype, parallel, pool, priced,
-                      min(model.max_position_embeddings, limits.max_model_len),
-                      f"{_describe(options, parallel, dtype)}; priced by {pricing}",
+                      min(model.max_position_embeddings, limits.max_model_len), description,
                       quantization=options.quantization, vllm_version=vllm_version,
-                      kv_cache_dtype=options.kv_cache_dtype, engine_limits=limits)
+                      kv_cache_dtype=options.kv_cache_dtype, engine_limits=limits,
+                      coverage_frame=frame)
+
+
+def _framed(frame: tuple[str, str], model_name: str, gpu: str, budget_tokens: int) -> str:
+    """A description whose fitted-data coverage is stated for steps up to budget_tokens."""
+    before, after = frame
+    return before + gpu_coverage(model_name, gpu, budget_tokens) + after
 
 
 def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
@@ -237,10 +260,11 @@ def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
 
 def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: ModelSpec,
              hardware: HardwareSpec, parallel: Parallelism,
-             dtype: str) -> tuple[Backend, str, str | None]:
+             dtype: str) -> tuple[Backend, str, str | None, str | None]:
     """The cost model --cost picks (the roofline sizes the pool either way), a line naming
     it (for the measured kernels, their GPU, vLLM version and source; for the fitted one,
-    whether GPU, model and shapes lie in its data), and the kernel tables' vLLM version."""
+    its notes after where GPU, model and shapes lie in its data), the fitted one's text
+    before that coverage (None for the others), and the kernel tables' vLLM version."""
     name, quantization, kv = options.cost, options.quantization, options.kv_cache_dtype
     if name not in COSTS:
         raise ValueError(f"--cost {name!r}: choose {', '.join(COSTS)}")
@@ -248,7 +272,7 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
         raise ValueError(f"--vllm-version picks measured kernels; --cost {name} has none "
                          "(use --cost auto or kernels)")
     if name == "roofline":
-        return roofline, "roofline", None
+        return roofline, "roofline", None, None
     ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
     fallback = ""
     if name in ("auto", "kernels"):
@@ -257,7 +281,7 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
             kernels = kernel_cost_backend(model, hardware, tables, parallel.tensor_parallel,
                                           expert_parallel=ep, dtype=dtype,
                                           quantization=quantization, kv_cache_dtype=kv)
-            return kernels, f"vllm-kernels: {kernels.describe()}", tables.vllm_version
+            return kernels, f"vllm-kernels: {kernels.describe()}", None, tables.vllm_version
         except KernelTableError as error:
             # Asked for by name, or a version the GPU was not measured at: say so.
             if name == "kernels" or (options.vllm_version and measured_versions(hardware.name)):
@@ -265,15 +289,14 @@ def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: Mod
             fallback = f"no measured vLLM kernels ({error}): extrapolated from the datasheet; "
     fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
                               quantization=quantization, kv_cache_dtype=kv)
-    budget = ENGINE_DEFAULTS.token_budget
-    line = f"gpu-fitted: {fallback}{gpu_coverage(model.name, hardware.name, budget)}"
+    line = ""  # the notes after the coverage line, which the deployment states per budget
     if quantization:
         line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
                  "(extrapolated)")
     if kv != "auto":
         line += (f"; {kv} KV cache read at the decode-attention efficiency fitted on 16-bit "
                  "KV (extrapolated)")
-    return fitted, line, None
+    return fitted, line, f"gpu-fitted: {fallback}", None
 
 
 def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> str:

@@ -57,19 +57,34 @@ def parse_metric_percentiles(text: str) -> tuple[float, ...]:
     return values
 
 
-def vllm_arrivals(count: int, rate: float, burstiness: float,
-                  rng: np.random.Generator) -> np.ndarray:
-    """Send times (s) as vLLM's benchmark draws them: all at 0 for an infinite rate, else
-    the first at 0 and each next after a gamma interval (shape `burstiness`, mean 1/rate:
-    1 is a Poisson process, lower is burstier, higher more even)."""
+def vllm_arrivals(count: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """Send times (s from the run's start) as `vllm bench serve` draws them (its get_request):
+    all at 0 for an infinite rate; else each request, the first included, waits a gamma
+    interval after the one before (shape `burstiness`, scale 1 / (rate x burstiness), mean
+    1/rate: 1 is a Poisson process, lower burstier, higher more even, infinite exactly 1/rate),
+    and the times are stretched so that the last is count / rate."""
     if not rate > 0:
         raise ValueError(f"--request-rate must be > 0, got {rate}")
     if not burstiness > 0:
         raise ValueError(f"--burstiness must be > 0, got {burstiness}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"--seed must be in [0, 2**32) to draw arrivals, got {seed}")
     if math.isinf(rate) or count == 0:
         return np.zeros(count)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=count - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    if math.isinf(burstiness):
+        delays = np.full(count, 1.0 / rate)
+    else:
+        # vLLM seeds numpy's global (legacy) generator with --seed and draws one interval per
+        # request from it, in order (its random dataset samples from a generator of its own):
+        # a RandomState of that seed draws the same numbers.
+        delays = np.random.RandomState(seed).gamma(
+            shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
+    times = np.cumsum(delays)
+    if times[-1] != 0:
+        # vLLM rescales the times so the last request goes at count / rate: a run's offered
+        # rate is then the one asked for, whatever the seed drew.
+        times = times * (count / rate / times[-1])
+    return times
 
 
 def vllm_schedule(trace: Trace, num_prompts: int | None, rate: float | None,
@@ -90,5 +105,8 @@ def vllm_schedule(trace: Trace, num_prompts: int | None, rate: float | None,
     if trace.has_sessions:
         raise ValueError(f"--request-rate: trace {trace.name} has sessions, whose turns wait "
                          "for the answers; send it at its own times")
-    arrivals = vllm_arrivals(len(trace), rate, burstiness, np.random.default_rng(seed))
+    arrivals = vllm_arrivals(len(trace), rate, burstiness, seed)
+    # vLLM's first request waits its own interval after the run starts; a trace starts at its
+    # first request, so the times count from it (the gaps are vLLM's, the first wait dropped).
+    arrivals = arrivals - arrivals[0]
     return Trace(trace.name, trace.table.assign(arrival_s=arrivals))

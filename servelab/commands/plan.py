@@ -17,6 +17,7 @@ from servelab.sweeps.deployment_search import (
     Family,
     SearchContext,
     cheapest,
+    engine_settings,
     fitting_families,
     run_probe,
     simulate_args,
@@ -30,12 +31,17 @@ from sim.cluster.router import ROUTERS
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
-from sim.specs.engine_limits import ENGINE_DEFAULTS
+from sim.specs.engine_limits import (
+    ENGINE_DEFAULTS,
+    VLLM_LARGE_GPU_BYTES,
+    VLLM_LARGE_GPU_SEQS,
+    VLLM_LARGE_GPU_TOKENS,
+)
 from sim.specs.hardware import HARDWARE_SPECS, hardware_spec
 from sim.specs.model_config import resolve_model
 
-_TABLE = ("deployment", "engines", "gpus", "usd_per_hour", "p99_ttft_ms", "p99_itl_ms",
-          "max_rate_rps")
+_TABLE = ("deployment", "engines", "gpus", "max_num_seqs", "max_num_batched_tokens",
+          "usd_per_hour", "p99_ttft_ms", "p99_itl_ms", "max_rate_rps")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,10 +88,14 @@ def _add_space_args(plan: argparse.ArgumentParser) -> None:
                        help="prefill:decode ratios tried besides co-located ('' for none)")
     space.add_argument("--policies", default="chunked",
                        help="batching policies (default chunked, as vLLM runs)")
-    space.add_argument("--max-num-seqs", default=str(ENGINE_DEFAULTS.max_num_seqs),
-                       help="most running requests per engine (default %(default)s)")
+    space.add_argument("--max-num-seqs", default=None,
+                       help="most running requests per engine (default: vLLM's for each GPU, "
+                            f"{VLLM_LARGE_GPU_SEQS} on GPUs of {VLLM_LARGE_GPU_BYTES // 2**30} "
+                            f"GiB or more, A100s aside, else {ENGINE_DEFAULTS.max_num_seqs})")
     space.add_argument("--token-budgets", "--max-num-batched-tokens", dest="token_budgets",
-                       default=str(ENGINE_DEFAULTS.token_budget), help="per-step token budgets")
+                       default=None, help="per-step token budgets (default: vLLM's for each "
+                       f"GPU, {VLLM_LARGE_GPU_TOKENS} on those GPUs, else "
+                       f"{ENGINE_DEFAULTS.token_budget})")
     space.add_argument("--max-engines", type=int, default=64, help="most engines per deployment")
     space.add_argument("--gpu-prices", default="",
                        help="$ per GPU-hour overrides, e.g. h100=2.5,h200=3.4")
@@ -157,11 +167,14 @@ def _families(args: argparse.Namespace) -> list[Family]:
     if any(dp > 1 for dp in dps) and not moe:
         raise ValueError(f"--data-parallel-size: {args.model} has no experts to shard; "
                          "replicas already search data parallelism")
+    # Limits not given: None, each GPU's vLLM default (SearchContext.scheduler_config).
+    seqs_list = [None] if args.max_num_seqs is None else _list(args.max_num_seqs, int)
+    budgets = [None] if args.token_budgets is None else _list(args.token_budgets, int)
     return [Family(hw, tp, router, pd, policy, seqs, budget, dp)
             for hw in _list(args.hardware) for tp in _list(args.tp, int) for dp in dps
             for router in _list(args.routers) for pd in shapes
-            for policy in _list(args.policies) for seqs in _list(args.max_num_seqs, int)
-            for budget in _list(args.token_budgets, int) if pd is None or dp == 1]
+            for policy in _list(args.policies) for seqs in seqs_list
+            for budget in budgets if pd is None or dp == 1]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -178,7 +191,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skipped {line}")
     if not families:
         raise ValueError("no deployment in the search space fits its GPUs")
-    _print_pricing(context, families)
+    engines = _engines_per_hardware(context, families)
+    _print_pricing(context, engines)
+    _print_engines(engines)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_probe) as run:
@@ -211,6 +226,7 @@ def _run(args: argparse.Namespace) -> int:
                "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
                "cheapest_per_hardware": best, "cheapest": top,
                "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost),
+               "engine_per_hardware": engines,
                "runs": run.counts,
                "not_searched": [{"deployment": f.label(), "dearer_than": x}
                                 for f, x in search.pruned]}
@@ -231,15 +247,34 @@ def _cost_name(cost: str) -> str:
     return "gpu-fitted" if cost == "gpu" else "roofline"
 
 
-def _print_pricing(context: SearchContext, families: list) -> None:
+def _engines_per_hardware(context: SearchContext, families: list[Family]
+                          ) -> dict[str, list[dict]]:
+    """Each GPU's distinct engine settings among the families (vLLM's defaults for that GPU
+    where a limit was not given), as the probes run them."""
+    engines: dict[str, list[dict]] = {}
+    for family in families:
+        settings = engine_settings(context.scheduler_config(family))
+        if settings not in engines.setdefault(family.hardware, []):
+            engines[family.hardware].append(settings)
+    return engines
+
+
+def _print_engines(engines: dict[str, list[dict]]) -> None:
+    print("engine per GPU (limits not given are vLLM's defaults for that GPU):")
+    for hardware, rows in sorted(engines.items()):
+        for row in rows:
+            print(f"  {hardware}: max_num_seqs {row['max_num_seqs']}, max_num_batched_tokens "
+                  f"{row['max_num_batched_tokens']}, max_model_len {row['max_model_len']}")
+
+
+def _print_pricing(context: SearchContext, engines: dict[str, list[dict]]) -> None:
     """Which cost model prices the probes, and (fitted) whether each GPU is in its data."""
     print(f"priced by {_cost_name(context.cost)}")
     if context.cost != "gpu":
         return
-    # Chunked families compute at most their token budget a step (the default unless set).
-    budget = max(f.token_budget or ENGINE_DEFAULTS.token_budget if f.policy == "chunked"
-                 else context.max_model_len or ENGINE_DEFAULTS.max_model_len for f in families)
-    for hardware in sorted({f.hardware for f in families}):
+    for hardware, rows in sorted(engines.items()):
+        # Its engines compute at most their token budget a step.
+        budget = max(row["max_num_batched_tokens"] for row in rows)
         print(f"  {gpu_coverage(context.model, hardware, budget)}")
 
 

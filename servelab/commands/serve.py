@@ -19,7 +19,6 @@ from servelab.sim_args import (
     add_scheduler_args,
     deployment_options,
     deployment_scheduler_config,
-    priced_at_budget,
     scheduler_config,
 )
 from sim.deployment import DeploymentOptions, build_deployment
@@ -192,14 +191,14 @@ def _simulated_parts(args: argparse.Namespace, tokenizer: Tokenizer) -> _Parts:
         args, args.num_blocks, model=DEFAULT_SIMULATED_MODEL, hardware="h100",
         tensor_parallel=1))
     config = deployment_scheduler_config(args, args.policy, deployment)
-    cost, where = deployment.cost_model, deployment.description
+    cost = deployment.cost_model
     scheduler = Scheduler(config)
     backend = SimulatedBackend(cost, round_trip_token_ids(tokenizer),
                                acceptance=simulate_speculation(scheduler))
     # The served id: --model, else what a calibration was measured on, else the preset.
     name = args.model or getattr(cost, "meta", {}).get("model") or DEFAULT_SIMULATED_MODEL
     return _Parts(scheduler, backend, tokenizer.vocab_size, name,
-                  f"{name}, simulated {priced_at_budget(where, deployment, config.budget)}",
+                  f"{name}, simulated {deployment.description_at(config.budget)}",
                   None)
 
 

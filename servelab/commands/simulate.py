@@ -22,7 +22,6 @@ from servelab.sim_args import (
     format_classes,
     format_summaries,
     parse_policies,
-    priced_at_budget,
     write_json_atomic,
 )
 from servelab.slo_args import add_slo_p99_args, slo_from_args, slo_p99_verdicts
@@ -96,7 +95,7 @@ def _scheduler_configs(args: argparse.Namespace, policies: list[str] | None,
         policies = parse_policies(args.policy or server_policy or default_policy(deployment))
     configs = {p: deployment_scheduler_config(args, p, deployment) for p in policies}
     if deployment.engine_limits.vllm:  # coverage at vLLM's budget, not the lab's default
-        where = priced_at_budget(where, deployment, max(c.budget for c in configs.values()))
+        where = deployment.description_at(max(c.budget for c in configs.values()))
     return policies, configs, where
 
 

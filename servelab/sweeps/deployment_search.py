@@ -1,7 +1,8 @@
 """The deployment search behind `servelab plan`: the cheapest deployments that hold a latency
 SLO on a trace (capacity planning).
 
-A family fixes the GPU, tensor-parallel degree, router, P/D ratio and engine limits; its
+A family fixes the GPU, tensor-parallel degree, router, P/D ratio and engine limits (those
+it leaves unset are vLLM's defaults for its GPU, as `vllm serve` there would run); its
 scale is the number of replicas (co-located) or of P:D groups (scale x P prefill and
 scale x D decode engines). The planner finds each family's smallest scale meeting the SLO
 at the trace's rate (latency falls as engines are added: doubling from 1, then bisection),
@@ -27,7 +28,7 @@ from sim.deployment import (
     DeploymentOptions,
     build_deployment,
 )
-from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.scheduler_config import VLLM_POLICY, SchedulerConfig
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import gpu_hour_usd
 from workloads.trace import Trace
@@ -43,7 +44,9 @@ class Family:
     router: str = "least-requests"
     pd: tuple[int, int] | None = None  # prefill:decode engines per group; None: co-located
     policy: str = "chunked"
-    max_num_seqs: int = ENGINE_DEFAULTS.max_num_seqs
+    # Engine limits; None: vLLM's default for the family's GPU (vllm_server_limits), the
+    # budget chunked prefill's (a policy prefilling whole prompts takes max_model_len).
+    max_num_seqs: int | None = None
     token_budget: int | None = None
     # Data-parallel engines per group, an MoE model's experts sharded over all of their
     # GPUs (vLLM's --data-parallel-size with --enable-expert-parallel); 1: plain replicas.
@@ -79,7 +82,7 @@ class SearchContext:
     dtype: str = "bf16"
     prices: dict[str, float] = field(default_factory=dict)  # overrides, $ per GPU-hour
     block_size: int = ENGINE_DEFAULTS.block_size
-    max_model_len: int | None = None  # None: the model's, at most ENGINE_DEFAULTS' limit
+    max_model_len: int | None = None  # None: the model's whole context (vLLM's default)
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
@@ -89,12 +92,30 @@ class SearchContext:
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype, for every deployment
 
     def resolved(self, family: Family) -> Deployment:
-        """One engine of the family as a Deployment (its cost model and KV pool)."""
+        """One engine of the family as a Deployment (its cost model, its KV pool sized for
+        its limits, vLLM's limits for its GPU where the family leaves them unset)."""
         return build_deployment(DeploymentOptions(
             self.model, family.hardware, self.dtype, family.tp, family.dp,
             expert_parallel=family.dp > 1, block_size=self.block_size,
-            gpu_memory_utilization=self.gpu_memory_utilization, cost=self.cost,
-            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype))
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_batched_tokens=family.token_budget, max_num_seqs=family.max_num_seqs,
+            vllm_defaults=True, cost=self.cost, quantization=self.quantization,
+            kv_cache_dtype=self.kv_cache_dtype))
+
+    def scheduler_config(self, family: Family, deployment: Deployment | None = None
+                         ) -> SchedulerConfig:
+        """Each engine's scheduler: the family's limits, vLLM's defaults for its GPU where
+        unset (`deployment`: the family's, resolved again when None)."""
+        deployment = deployment or self.resolved(family)
+        limits = deployment.engine_limits
+        budget = family.token_budget
+        if budget is None and family.policy == VLLM_POLICY:  # vLLM's budget is chunked's
+            budget = limits.token_budget
+        return SchedulerConfig(
+            policy=family.policy, num_blocks=deployment.kv_pool.num_blocks,
+            block_size=self.block_size, max_num_seqs=family.max_num_seqs or limits.max_num_seqs,
+            max_model_len=self.max_model_len or deployment.max_model_len, token_budget=budget,
+            enable_prefix_caching=self.enable_prefix_caching)
 
     def usd_per_hour(self, family: Family, scale: int) -> float:
         """What the family's deployment of that scale costs an hour (all of its GPUs)."""
@@ -110,12 +131,7 @@ class SearchContext:
         family = point.family
         deployment = self.resolved(family)
         backend, spec = deployment.cost_model, deployment.model
-        config = SchedulerConfig(
-            policy=family.policy, num_blocks=deployment.kv_pool.num_blocks,
-            block_size=self.block_size, max_num_seqs=family.max_num_seqs,
-            max_model_len=self.max_model_len or min(spec.max_position_embeddings,
-                                                    ENGINE_DEFAULTS.max_model_len),
-            token_budget=family.token_budget, enable_prefix_caching=self.enable_prefix_caching)
+        config = self.scheduler_config(family, deployment)
         prefill, decode = (0, 0) if family.pd is None else family.pd
         cluster = ClusterConfig(
             num_replicas=point.scale * family.dp if family.pd is None else 1,
@@ -136,6 +152,7 @@ def run_probe(context: SearchContext, point: DeploymentProbe) -> dict:
     family = point.family
     gpus = cluster.num_engines * family.tp
     row = {key: value for key, value in asdict(family).items() if key != "pd"}
+    row.update(engine_settings(config))  # the limits it ran with, vLLM's where unset
     row.update(
         deployment=family.label(),
         pd=f"{cluster.num_prefill}:{cluster.num_decode}" if cluster.disaggregated else "",
@@ -149,17 +166,30 @@ def run_probe(context: SearchContext, point: DeploymentProbe) -> dict:
     return row
 
 
+def engine_settings(config: SchedulerConfig) -> dict[str, int | None]:
+    """The engine limits a scheduler runs with, in vLLM's names (token_budget: as given to
+    the scheduler, None where the policy's default applies; max_num_batched_tokens: the
+    budget in force)."""
+    return {"max_num_seqs": config.max_num_seqs, "token_budget": config.token_budget,
+            "max_num_batched_tokens": config.budget, "max_model_len": config.max_model_len}
+
+
 def fitting_families(context: SearchContext, families: Sequence[Family]
                      ) -> tuple[list[Family], list[str]]:
-    """The families whose model fits their GPUs, and a line for each one left out."""
+    """The families whose model fits their GPUs, and a line for each one left out; a family
+    whose limits contradict each other (given ones against its GPU's defaults) is an error."""
     kept, skipped = [], []
     for family in families:
         try:
-            context.resolved(family)
+            deployment = context.resolved(family)
         except ValueError as exc:
             skipped.append(f"{family.label()}: {exc}")
-        else:
-            kept.append(family)
+            continue
+        try:
+            context.scheduler_config(family, deployment)
+        except ValueError as exc:
+            raise ValueError(f"{family.label()}: {exc}") from None
+        kept.append(family)
     return kept, skipped
 
 

@@ -44,17 +44,44 @@ def test_percentile_flags_parse_and_refuse_unknown_names():
 
 
 def test_infinite_rate_sends_everything_at_once():
-    assert vllm_arrivals(5, math.inf, 1.0, np.random.default_rng(0)).tolist() == [0.0] * 5
+    assert vllm_arrivals(5, math.inf, 1.0, seed=0).tolist() == [0.0] * 5
+    assert vllm_arrivals(5, math.inf, 0.25, seed=0).tolist() == [0.0] * 5
+
+
+def vllm_get_request_delays(count: int, rate: float, burstiness: float, seed: int) -> list:
+    """vLLM's get_request (no ramp-up) step by step: its seeded global numpy generator stood
+    in for by a RandomState, one scalar draw per request, a running sum, the rescale."""
+    numpy_global = np.random.RandomState(seed)
+    delay_ts = []
+    for _ in range(count):
+        theta = 1.0 / (rate * burstiness)
+        delay_ts.append(numpy_global.gamma(shape=burstiness, scale=theta))
+    for i in range(1, len(delay_ts)):
+        delay_ts[i] += delay_ts[i - 1]
+    normalize_factor = (count / rate) / delay_ts[-1]
+    return [delay * normalize_factor for delay in delay_ts]
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_arrivals_are_the_times_vllms_benchmark_draws_for_the_seed(burstiness):
+    times = vllm_arrivals(50, 8.0, burstiness, seed=7)
+    assert times.tolist() == vllm_get_request_delays(50, 8.0, burstiness, seed=7)
+    # The first request waits its own interval; the last goes at count / rate exactly.
+    assert times[0] > 0 and times[-1] == pytest.approx(50 / 8.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0])
 def test_rate_sets_the_mean_interval_and_burstiness_its_spread(burstiness):
-    times = vllm_arrivals(20_001, 10.0, burstiness, np.random.default_rng(1))
+    times = vllm_arrivals(20_001, 10.0, burstiness, seed=1)
     gaps = np.diff(times)
-    assert times[0] == 0.0 and (gaps >= 0).all()
-    assert gaps.mean() == pytest.approx(0.1, rel=0.05)
-    # A gamma of shape k has coefficient of variation 1/sqrt(k).
+    assert (gaps >= 0).all()
+    assert gaps.mean() == pytest.approx(0.1, rel=0.01)  # the rescale pins the total
+    # A gamma of shape k has coefficient of variation 1/sqrt(k): 1 (Poisson) and 2.
     assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+
+
+def test_infinite_burstiness_spaces_requests_evenly():
+    assert np.diff(vllm_arrivals(5, 4.0, math.inf, seed=0)) == pytest.approx([0.25] * 4)
 
 
 def test_schedule_takes_the_first_prompts_and_redraws_their_times():
@@ -64,11 +91,15 @@ def test_schedule_takes_the_first_prompts_and_redraws_their_times():
     fast = vllm_schedule(trace, 10, 100.0, 1.0, seed=0)
     assert len(fast) == 10 and fast.span_s < trace.arrival_s[9]
     assert fast.arrival_s.tolist() == vllm_schedule(trace, 10, 100.0, 1.0, 0).arrival_s.tolist()
+    # vLLM's gaps, counted from the first request (a trace starts at 0).
+    vllm_times = vllm_arrivals(10, 100.0, 1.0, seed=0)
+    assert fast.arrival_s.tolist() == (vllm_times - vllm_times[0]).tolist()
 
 
 @pytest.mark.parametrize(("num_prompts", "rate", "burstiness", "message"), [
     (51, None, 1.0, "has only 50"), (0, None, 1.0, ">= 1"),
     (None, None, 0.5, "give both"), (None, 0.0, 1.0, "must be > 0"),
+    (None, 2.0, 0.0, "--burstiness must be > 0"),
 ])
 def test_schedule_refuses_bad_flags(num_prompts, rate, burstiness, message):
     trace = open_trace("synthetic:n=50,rate=2,prompt=fixed(8),output=fixed(4)")

@@ -1,9 +1,16 @@
-"""The planner's scale search: the same smallest scales however it steps to them."""
+"""The planner's scale search: the same smallest scales however it steps to them; each
+family's engine limits, vLLM's for its GPU unless given."""
 
 from __future__ import annotations
 
-from servelab.sweeps.deployment_search import Family, smallest_scales
+import pytest
+
+from servelab.sweeps.deployment_search import Family, SearchContext, smallest_scales
 from servelab.sweeps.grid import CapacitySlo
+from sim.specs.engine_limits import vllm_server_limits
+from sim.specs.hardware import hardware_spec
+from sim.specs.model_config import resolve_model
+from workloads import open_trace
 
 SPAN_S = 100.0
 NEEDED = {"a100-80gb": 13, "h100": 6, "h200": 5}  # smallest scale that holds, per GPU
@@ -80,3 +87,31 @@ def test_unsearched_families_are_listed_in_the_given_order_however_probes_finish
     pruned = [[family for family, _ in search.pruned] for search in searches]
     assert len(pruned[0]) >= 4
     assert pruned[0] == pruned[1] == sorted(pruned[0], key=families.index)
+
+
+def _context() -> SearchContext:
+    trace = open_trace("synthetic:n=20,rate=2,prompt=fixed(64),output=fixed(8)")
+    return SearchContext(trace, CapacitySlo())
+
+
+@pytest.mark.parametrize("hardware", ["h100", "l40s", "a100-80gb"])
+def test_each_family_runs_vllms_limits_for_its_gpu_unless_given(hardware):
+    context = _context()
+    spec = hardware_spec(hardware)
+    vllm = vllm_server_limits(spec.name, spec.memory_bytes,
+                              resolve_model(context.model).max_position_embeddings)
+    for tp in (1, 2):  # per engine, whatever its parallelism
+        config = context.scheduler_config(Family(hardware, tp))
+        assert (config.max_num_seqs, config.budget, config.max_model_len) == \
+            (vllm.max_num_seqs, vllm.token_budget, vllm.max_model_len)
+    given = context.scheduler_config(Family(hardware, max_num_seqs=128, token_budget=4096))
+    assert (given.max_num_seqs, given.budget) == (128, 4096)
+
+
+def test_the_kv_pool_is_sized_for_the_limits_the_family_runs():
+    # vLLM's memory profile runs one step of the budget: H100's 8,192 tokens hold back more
+    # memory than 2,048 do, so fewer KV blocks remain.
+    context = _context()
+    vllm = context.resolved(Family("h100")).kv_pool.num_blocks
+    small = context.resolved(Family("h100", max_num_seqs=256, token_budget=2048))
+    assert vllm < small.kv_pool.num_blocks

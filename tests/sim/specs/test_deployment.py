@@ -169,3 +169,26 @@ def test_llama4_chunked_attention_is_priced_as_full_and_said_so() -> None:
         model="meta-llama/Llama-4-Scout-17B-16E-Instruct", hardware="h200", tensor_parallel=2))
     assert "8192-token chunks priced as full attention" in deployment.description
     assert "chunks" not in build_deployment(DeploymentOptions()).description
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_description_states_the_fitted_coverage_at_the_engines_budget(quantization) -> None:
+    deployment = build_deployment(DeploymentOptions(hardware="h100", quantization=quantization))
+    # The description holds the lab's 2,048-token budget; description_at restates it alone.
+    assert "steps up to 2048 tokens inside" in deployment.description
+    assert deployment.description_at(2048) == deployment.description
+    at_8192 = deployment.description_at(8192)
+    assert "steps up to 8192 tokens beyond the profiled 4096" in at_8192
+    assert "steps up to 2048" not in at_8192
+    before, after = deployment.coverage_frame
+    assert at_8192.startswith(before) and at_8192.endswith(after)
+    assert before.startswith("llama-3-8b on h100 (bf16") and before.endswith("gpu-fitted: ")
+    # The notes after the coverage line stay after it.
+    assert after == ("; fp8 GEMMs at the efficiencies fitted on 16-bit ones (extrapolated)"
+                     if quantization else "")
+
+
+def test_description_without_a_fitted_model_holds_for_every_budget() -> None:
+    deployment = build_deployment(DeploymentOptions(cost="roofline"))
+    assert deployment.coverage_frame is None
+    assert deployment.description_at(8192) == deployment.description
