@@ -110,10 +110,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     print(engine_settings(configs, deployment))
     _print_results(results, {p: outcomes[p].verdict for p in policies})
     if speculative is not None:
-        if drafter is not None:
-            print(f"drafter: {drafter.description}")
-        for p in policies:
-            print(f"{p}: {format_speculation(results[p])}")
+        _print_speculation(results, drafter)
     for block in (held, rejections(trace, configs, results)):
         if block:
             print(f"\n{block}")
@@ -195,6 +192,14 @@ def _with_drafter(deployment: Deployment, configs: dict[str, SchedulerConfig]
     priced = replace(speculative, drafter_priced=True)
     return (SpeculativeCostModel(deployment.cost_model, drafter),
             {p: replace(c, speculative=priced) for p, c in configs.items()}, drafter)
+
+
+def _print_speculation(results: dict[str, dict], drafter: DrafterCost | None) -> None:
+    """The drafter priced, if any, and each policy's acceptance and speedups."""
+    if drafter is not None:
+        print(f"drafter: {drafter.description}")
+    for p, result in results.items():
+        print(f"{p}: {format_speculation(result)}")
 
 
 def _compare_without_speculation(args, trace, configs, backend, slo, cluster,
