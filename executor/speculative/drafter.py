@@ -162,10 +162,17 @@ def build_drafter(config: SpeculativeConfig | None, target: Transformer,
     weight = target.tok_embeddings
     if config.draft_num_layers is not None:
         model = first_layers_model(target, config.draft_num_layers)
-    elif Path(str(config.model)).is_dir():
-        model = load_hf_model(str(config.model), weight.device, weight.dtype)
     else:
-        model = random_model(ModelArgs.from_preset(str(config.model)), seed, weight.device,
-                             weight.dtype)
+        model = _load_drafter(str(config.model), weight.device, weight.dtype, seed)
     return DraftModel(model, target.args.vocab_size, block_manager.num_blocks,
                       block_manager.block_size, weight.device, weight.dtype)
+
+
+def _load_drafter(name: str, device: torch.device, dtype: torch.dtype,
+                  seed: int) -> Transformer:
+    try:
+        if Path(name).is_dir():
+            return load_hf_model(name, device, dtype)
+        return random_model(ModelArgs.from_preset(name), seed, device, dtype)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"draft model {name!r}: {error}") from None
