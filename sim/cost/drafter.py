@@ -2,7 +2,8 @@
 layer's forward passes, priced per step from the plan and added to the target's step time.
 
 A step whose rows verify up to k proposals runs the drafter k times before the target's
-verify pass, as vLLM does: the first pass over every row the target computes (the prompt
+verify pass, as vLLM does, inside the same engine step (so its passes cost GPU time, not the
+engine's per-step host time again): the first pass over every row the target computes (the prompt
 chunks the drafter must also read, each verifying row's newest token), then k - 1 one-token
 passes over the rows that still propose, each batched over those rows. The drafter is a
 ModelSpec priced by the same kind of cost model as the target, on the same hardware: a
@@ -105,13 +106,19 @@ def drafter_cost(config: SpeculativeConfig, target: TargetPricing) -> DrafterCos
 
 
 def _priced_like(cost: Backend, spec: ModelSpec, target: TargetPricing) -> PricesPlans:
+    """spec priced by the target's kind of cost model, its GPU time only: the drafter's
+    passes run inside the engine's step, whose host time (scheduling, input preparation,
+    bookkeeping) the target's step already pays once."""
     hw, tp = target.hardware, target.tensor_parallel
     assert hw is not None  # (drafter_cost checked)
-    if isinstance(cost, KernelCostModel):
-        return kernel_cost_backend(spec, hw, cost.tables, tp, dtype=target.dtype)
     if isinstance(cost, GpuCostModel):
-        return gpu_cost_backend(spec, hw, tp)
-    return AnalyticCostModel(spec, hw, target.dtype, tensor_parallel=tp)
+        if isinstance(cost, KernelCostModel):
+            model = kernel_cost_backend(spec, hw, cost.tables, tp, dtype=target.dtype)
+        else:
+            model = gpu_cost_backend(spec, hw, tp)
+        model.use_engine(replace(model.engine, step_s=0.0, per_row_s=0.0, request_s=0.0))
+        return model
+    return AnalyticCostModel(spec, hw, target.dtype, tensor_parallel=tp, overhead_s=0.0)
 
 
 @dataclass(frozen=True)
