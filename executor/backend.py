@@ -19,6 +19,7 @@ from executor.kv_cache import KVCache
 from executor.model import Transformer
 from executor.native import ROW_KNOTS
 from executor.sampling import Sampler
+from executor.speculative.drafter import DraftModel
 from executor.speculative.verify import sample_and_verify
 from executor.weights import load_hf_model, random_model
 from sim.engine.block_manager import BlockManager
@@ -65,7 +66,8 @@ class ModelBackend:
                  device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None,
                  step_log: list[tuple[BatchPlan, float]] | None = None,
-                 allowed_token_ids: Sequence[int] | None = None) -> None:
+                 allowed_token_ids: Sequence[int] | None = None,
+                 drafter: DraftModel | None = None) -> None:
         weight = model.tok_embeddings
         self.device = torch.device(device) if device is not None else weight.device
         self.dtype = dtype or weight.dtype
@@ -89,12 +91,16 @@ class ModelBackend:
         # If given, every executed step's (plan, seconds) is appended: what a cost model
         # is checked against (sim.cost.calibrated.in_run_step_error).
         self.step_log = step_log
+        # Speculation by a draft model: it proposes the verifying rows' tokens in each step
+        # (inside the measured time); None: proposals come with the plan (n-gram) or not at all.
+        self.drafter = drafter
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """Run one step: forward every scheduled token, sample where a sequence ends."""
         start = time.perf_counter()
         if plan.swap_out or plan.swap_in:
             self._swap(plan)
+        self._propose(plan)
         segments = segments_from_plan(plan)
         if not segments:
             return StepResult(time.perf_counter() - start, {})
@@ -104,7 +110,9 @@ class ModelBackend:
             logits = self.model(inputs, self.kv)  # [S, vocab]
             produced = None
             if plan.spec_token_ids:  # 1 + k logits rows per verifying sequence
-                sampled, produced = sample_and_verify(self.sampler, logits, segments)
+                sampled, produced = sample_and_verify(
+                    self.sampler, logits, segments,
+                    self.drafter.proposal_probs if self.drafter else None)
             else:
                 sampling = [s.request for s in segments if s.samples]
                 tokens = self.sampler.sample(logits, sampling) if sampling else []
@@ -115,6 +123,15 @@ class ModelBackend:
         if self.step_log is not None:
             self.step_log.append((plan, duration))
         return StepResult(duration, sampled, produced)
+
+    def _propose(self, plan: BatchPlan) -> None:
+        """The drafter's proposals for rows that verify without ids (a draft model's)."""
+        if self.drafter is not None:
+            with torch.inference_mode():
+                self.drafter.propose(plan)
+        elif len(plan.spec_token_ids) != len(plan.num_spec_tokens):
+            raise ValueError("a plan verifies proposals no one made: this speculative method "
+                             "needs a drafter on the executor (draft_model has one)")
 
     @property
     def row_knots(self) -> tuple[int, ...]:
@@ -135,3 +152,5 @@ class ModelBackend:
     def free(self, request: Request) -> None:
         """Drop the request's sampling generator; its KV blocks belong to the BlockManager."""
         self.sampler.free(request.request_id)
+        if self.drafter is not None:
+            self.drafter.free(request.request_id)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from executor.backend import ModelBackend
 from executor.model import Transformer
 from executor.prompts import attach_prompt_tokens
+from executor.speculative.drafter import build_drafter
 from sim.cluster.closed_loop import ClosedLoop, run_closed_trace
 from sim.engine.core import BatchPlan, Request
 from sim.engine.scheduler import Scheduler
@@ -31,7 +32,9 @@ def measured_run(requests: list[Request], config: SchedulerConfig, model: Transf
     scheduler = Scheduler(config)
     if on_scheduler is not None:
         on_scheduler(scheduler)
-    backend = ModelBackend(model, scheduler.block_manager, step_log=step_log)
+    backend = ModelBackend(model, scheduler.block_manager, step_log=step_log,
+                           drafter=build_drafter(config.speculative, model,
+                                                 scheduler.block_manager, seed))
     if on_backend is not None:
         on_backend(backend)
     if loop is not None:

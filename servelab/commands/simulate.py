@@ -26,8 +26,11 @@ from servelab.sim_args import (
 )
 from servelab.slo_args import add_slo_p99_args, slo_from_args, slo_p99_verdicts
 from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
+from sim.cost.drafter import DrafterCost, SpeculativeCostModel, TargetPricing, drafter_cost
 from sim.deployment import Deployment, build_deployment
+from sim.engine.core import Backend
 from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.speculation.config import DRAFTER_METHODS
 from sim.engine.speculation.report import configured_summary, format_speculation
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from sim.replay.overload import Overload
@@ -101,8 +104,8 @@ def _scheduler_configs(args: argparse.Namespace, policies: list[str] | None,
 
 def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     deployment = build_deployment(deployment_options(args, args.num_blocks))
-    backend = deployment.cost_model
     policies, configs, where = _scheduler_configs(args, policies, deployment)
+    backend, configs, drafter = _with_drafter(deployment, configs)
     # --workers and --users are >= 1 by their types (servelab.flag_types).
     if args.users is not None and args.open_loop:
         raise ValueError("--users runs a closed loop; it does not combine with --open-loop")
@@ -115,7 +118,8 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     results = {p: _with_verdict(outcomes[p]) for p in policies}
     speculative = configs[policies[0]].speculative
     if speculative is not None:
-        _compare_without_speculation(args, trace, configs, backend, slo, cluster, results)
+        _compare_without_speculation(args, trace, configs, deployment.cost_model, slo,
+                                     cluster, results)
     held = slo_p99_verdicts(results, args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     print(f"trace {trace.name}: {len(trace)} requests over {trace.span_s:.1f} s; {where}, "
           f"{configs[policies[0]].num_blocks} KV blocks of {configs[policies[0]].block_size}; "
@@ -124,8 +128,7 @@ def _run(args: argparse.Namespace, policies: list[str] | None) -> int:
     print(engine_settings(configs, deployment))
     _print_results(results, {p: outcomes[p].verdict for p in policies})
     if speculative is not None:
-        for p in policies:
-            print(f"{p}: {format_speculation(results[p])}")
+        _print_speculation(results, drafter)
     for block in (held, rejections(trace, configs, results)):
         if block:
             print(f"\n{block}")
@@ -189,6 +192,32 @@ def _served_something(results: dict[str, dict], command: str) -> int:
           "rejections above)",
           file=sys.stderr)
     return 1
+
+
+def _with_drafter(deployment: Deployment, configs: dict[str, SchedulerConfig]
+                  ) -> tuple[Backend, dict[str, SchedulerConfig], DrafterCost | None]:
+    """Speculation: the cost model with the verify floor and, for a drafter (draft model,
+    EAGLE, MTP), its passes added to each step, the configs marked as priced; else as
+    they were (sim.cost.drafter)."""
+    speculative = next(iter(configs.values())).speculative
+    if speculative is None:
+        return deployment.cost_model, configs, None
+    if speculative.method not in DRAFTER_METHODS:
+        return SpeculativeCostModel(deployment.cost_model), configs, None
+    target = TargetPricing(deployment.cost_model, deployment.model, deployment.hardware,
+                           deployment.dtype, deployment.parallel.tensor_parallel)
+    drafter = drafter_cost(speculative, target)
+    priced = replace(speculative, drafter_priced=True)
+    return (SpeculativeCostModel(deployment.cost_model, drafter),
+            {p: replace(c, speculative=priced) for p, c in configs.items()}, drafter)
+
+
+def _print_speculation(results: dict[str, dict], drafter: DrafterCost | None) -> None:
+    """The drafter priced, if any, and each policy's acceptance and speedups."""
+    if drafter is not None:
+        print(f"drafter: {drafter.description}")
+    for p, result in results.items():
+        print(f"{p}: {format_speculation(result)}")
 
 
 def _compare_without_speculation(args, trace, configs, backend, slo, cluster,

@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import Any
 
 # Methods the scheduler accepts; which of them a backend can run or price is its own check.
-METHODS = ("ngram", "draft_model", "eagle", "mtp")
+METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+# Methods whose proposals come from a drafter's forward passes (not a lookup): a backend
+# runs them (the executor's draft model) or prices them (sim.cost.drafter).
+DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
+# Fields that are not `--speculative-config` keys: set by the composition, never by JSON.
+_INTERNAL = ("drafter_priced",)
 
 
 class SpeculativeConfigError(ValueError):
@@ -23,11 +28,21 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4  # k: most proposals one row verifies per step
     prompt_lookup_min: int = 2  # n-gram: shortest suffix looked up in the sequence
     prompt_lookup_max: int = 4  # n-gram: longest suffix looked up
-    model: str | None = None  # draft_model: the drafter (a preset or a checkpoint directory)
+    # draft_model: the drafter, a preset or a checkpoint directory on the executor, a preset
+    # or Hugging Face id in simulation; or, instead, draft_num_layers: the target's own first
+    # N layers (with its embedding, final norm and LM head) as the drafter.
+    model: str | None = None
+    draft_num_layers: int | None = None
+    # Simulation on a calibrated cost model: the drafter's own calibration file (`servelab
+    # calibrate --model DRAFTER`), which prices its forward passes.
+    draft_cost_model: str | None = None
     # Simulation without a drafter's tokens: the fraction of decoding rows whose proposal i
     # (from 0) is accepted, non-increasing; in the JSON, a list or the path of a
     # `servelab run --json` file whose measured rates to use.
     acceptance_rates: tuple[float, ...] = ()
+    # Not a JSON key: set by a composition whose cost model adds the drafter's forward passes
+    # to each step (sim.cost.drafter), without which a simulation refuses a drafter method.
+    drafter_priced: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -41,6 +56,19 @@ class SpeculativeConfig:
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
         self._check_rates()
+        self._check_drafter()
+
+    def _check_drafter(self) -> None:
+        layers = self.draft_num_layers
+        if layers is not None and self.method != "draft_model":
+            raise SpeculativeConfigError(
+                f"draft_num_layers is for method draft_model, not {self.method!r}")
+        if layers is not None and layers < 1:
+            raise SpeculativeConfigError(f"draft_num_layers must be >= 1, got {layers}")
+        if self.method == "draft_model" and (self.model is None) == (layers is None):
+            raise SpeculativeConfigError(
+                "method draft_model needs one of \"model\" (the drafter) or "
+                "\"draft_num_layers\" (the target's first N layers)")
 
     def _check_rates(self) -> None:
         rates = self.acceptance_rates
@@ -64,7 +92,7 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"--speculative-config is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise SpeculativeConfigError("--speculative-config must be a JSON object")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - set(_INTERNAL)
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpeculativeConfigError(
@@ -78,7 +106,8 @@ class SpeculativeConfig:
 
     def as_record(self) -> dict[str, Any]:
         """The config as `--json` records it."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in _INTERNAL}
 
 
 def rates_from_run(path: Path) -> list[float]:

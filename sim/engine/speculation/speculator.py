@@ -49,14 +49,15 @@ class Speculator:
         k = min(self.config.num_speculative_tokens, limit)
         if k < 1:
             return Draft(0, ())
+        method = self.config.method
         if request.prompt_token_ids is None:  # pure simulation: acceptance is drawn
-            if self.config.method != "ngram":
-                raise ValueError(f"speculative method {self.config.method!r}: its drafter's "
-                                 "forward passes are not priced yet; simulate ngram")
+            if method != "ngram" and not self.config.drafter_priced:
+                raise ValueError(f"speculative method {method!r}: this cost model does not "
+                                 "price its drafter's forward passes (servelab simulate "
+                                 "does); simulate ngram here")
             return Draft(k, ())
-        if self.config.method != "ngram":
-            raise ValueError(f"speculative method {self.config.method!r} runs in simulation "
-                             "only (acceptance_rates); the executor proposes by ngram")
+        if method != "ngram":  # the backend's drafter fills in the k proposals' ids
+            return Draft(k, ())
         ids = propose_ngram(request.token_ids(), k, self.config.prompt_lookup_min,
                             self.config.prompt_lookup_max)
         if not ids:

@@ -179,10 +179,33 @@ def test_ngram_proposes_what_followed_the_longest_earlier_match():
     ('{"method": "medusa"}', "method"), ('{"num_speculative_tokens": 0}', ">= 1"),
     ('{"bogus": 1}', "unknown keys"), ("[1]", "object"), ("{", "not JSON"),
     ('{"num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.6]}', "increase"),
+    ('{"method": "draft_model"}', "draft_num_layers"),
+    ('{"method": "draft_model", "model": "tiny", "draft_num_layers": 1}', "one of"),
+    ('{"method": "eagle", "draft_num_layers": 1}', "draft_model"),
+    ('{"method": "draft_model", "draft_num_layers": 0}', ">= 1"),
+    ('{"drafter_priced": true}', "unknown keys"),
 ])
 def test_bad_speculative_config_is_named(text, match):
     with pytest.raises(SpeculativeConfigError, match=match):
         SpeculativeConfig.from_json(text)
+
+
+def test_a_drafter_method_is_simulated_only_where_its_passes_are_priced():
+    """Without a cost model that adds the drafter's passes (sim.cost.drafter), a simulation
+    refuses eagle, mtp and draft_model; marked priced, it draws acceptance as for ngram."""
+    config = SpeculativeConfig(method="eagle", num_speculative_tokens=2,
+                               acceptance_rates=(0.5, 0.25))
+    requests = [Request("a", 0.0, 8, 6)]
+    with pytest.raises(ValueError, match="does not price its drafter"):
+        run_trace(requests, Engine(Scheduler(SchedulerConfig(speculative=config)),
+                                   ConstantBackend(0.01)))
+    priced = SpeculativeConfig(method="eagle", num_speculative_tokens=2,
+                               acceptance_rates=(0.5, 0.25), drafter_priced=True)
+    requests = [Request("a", 0.0, 8, 6)]
+    scheduler = Scheduler(SchedulerConfig(speculative=priced))
+    run_trace(requests, Engine(scheduler, ConstantBackend(0.01)))
+    assert requests[0].num_output_tokens == 6 and scheduler.speculator.num_drafts > 0
+    assert "drafter_priced" not in priced.as_record()
 
 
 def test_speculation_needs_an_iteration_level_policy():

@@ -30,3 +30,26 @@ def test_run_rejects_a_bad_speculative_config(capsys):
     code = main(["run", "--trace", TRACE, *MODEL, "--speculative-config", '{"k": 4}'])
     assert code != 0
     assert "unknown keys" in capsys.readouterr().err
+
+
+def test_run_with_a_draft_model_reports_its_acceptance(tmp_path, capsys):
+    """The target's own first layer as the drafter: proposals found for every decoding row
+    that may speculate, acceptance and speedups reported."""
+    saved = tmp_path / "run.json"
+    spec = '{"method": "draft_model", "draft_num_layers": 1, "num_speculative_tokens": 3}'
+    code = main(["run", "--trace", TRACE, "--policy", "chunked", "--max-num-seqs", "8",
+                 *MODEL, "--speculative-config", spec, "--json", str(saved)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(saved.read_text())["results"]["chunked"]
+    assert result["spec_num_drafts"] > 0
+    assert result["spec_acceptance_rates"] == result["spec_acceptance_rates_per_decode"]
+    assert result["spec_tpot_speedup"] > 0
+
+
+def test_run_names_a_missing_draft_model_and_refuses_eagle(capsys):
+    spec = '{"method": "draft_model", "model": "no-such-preset"}'
+    assert main(["run", "--trace", TRACE, *MODEL, "--speculative-config", spec]) != 0
+    assert "draft model 'no-such-preset'" in capsys.readouterr().err
+    spec = '{"method": "eagle", "num_speculative_tokens": 2}'
+    assert main(["run", "--trace", TRACE, *MODEL, "--speculative-config", spec]) != 0
+    assert "simulation only" in capsys.readouterr().err

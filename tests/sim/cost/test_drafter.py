@@ -1,0 +1,86 @@
+"""The drafter's passes and the verify floor (sim.cost.drafter): what a speculative step
+adds to the target's time, from the plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.cost.drafter import (
+    DrafterCost,
+    DrafterCostError,
+    SpeculativeCostModel,
+    TargetPricing,
+    drafter_cost,
+    drafter_spec,
+    verify_as_decodes,
+)
+from sim.cost.gpu_cost import gpu_cost_backend
+from sim.engine.batch_plan import add_to_plan, add_verify
+from sim.engine.core import BatchPlan, Request
+from sim.engine.speculation.config import SpeculativeConfig
+from sim.specs.hardware import hardware_spec
+from sim.specs.model_config import resolve_model
+
+
+class PerToken:
+    """A cost model: 1 s a step plus 1 ms a token, for counting passes and tokens."""
+
+    def predict(self, plan: BatchPlan) -> float:
+        return 1.0 + 1e-3 * (plan.prefill_tokens + plan.decode_seqs)
+
+
+def _request(rid: str, computed: int) -> Request:
+    request = Request(rid, 0.0, computed + 1, 64)
+    request.num_computed_tokens = computed
+    return request
+
+
+def _verify_plan(ks: list[int], context: int = 2000) -> BatchPlan:
+    plan = BatchPlan()
+    for i, k in enumerate(ks):
+        add_verify(plan, _request(f"r{i}", context), k, ())
+    return plan
+
+
+def test_a_step_runs_the_drafter_k_times_over_the_rows_that_still_propose():
+    plan = _verify_plan([3, 1])
+    add_to_plan(plan, Request("p", 0.0, 100, 8), 100)  # a prompt chunk the drafter reads too
+    seconds = DrafterCost(PerToken()).step_s(plan)
+    # pass 1: 100 prompt tokens + one token per verifying row; passes 2, 3: only r0
+    assert seconds == pytest.approx((1 + 0.102) + 2 * (1 + 0.001))
+
+
+def test_a_step_without_rows_costs_the_drafter_nothing():
+    assert DrafterCost(PerToken()).step_s(BatchPlan()) == 0.0
+
+
+def test_verify_floor_keeps_a_verify_step_at_least_a_decode_step():
+    """The fitted GPU model prices 5 queries over 2000 keys below a decode over them; the
+    floor prices the verify step at least as the decode step of the same rows."""
+    target = gpu_cost_backend(resolve_model("llama-3-8b"), hardware_spec("h100"))
+    plan = _verify_plan([4] * 8)
+    decode = target.predict(verify_as_decodes(plan))
+    assert target.predict(plan) < decode  # what the floor is for
+    assert SpeculativeCostModel(target).execute(plan).duration_s == pytest.approx(decode)
+
+
+def test_heads_and_first_layers_take_the_targets_shapes():
+    target = resolve_model("llama-3-8b")
+    head = drafter_spec(SpeculativeConfig(method="eagle"), target)
+    assert (head.num_layers, head.hidden_size, head.vocab_size) == (
+        1, target.hidden_size, target.vocab_size)
+    half = drafter_spec(SpeculativeConfig(method="draft_model", draft_num_layers=16), target)
+    assert half.num_layers == 16
+    with pytest.raises(DrafterCostError, match="has 32 layers"):
+        drafter_spec(SpeculativeConfig(method="draft_model", draft_num_layers=40), target)
+    with pytest.raises(DrafterCostError, match="vocabulary"):
+        drafter_spec(SpeculativeConfig(method="draft_model", model="tiny"), target)
+
+
+def test_a_drafter_priced_alike_costs_less_than_the_target():
+    model, gpu = resolve_model("llama-3-8b"), hardware_spec("h100")
+    target = gpu_cost_backend(model, gpu)
+    plan = _verify_plan([1] * 8)
+    head = drafter_cost(SpeculativeConfig(method="mtp", num_speculative_tokens=1),
+                        TargetPricing(target, model, gpu))
+    assert 0 < head.step_s(plan) < target.predict(plan)
