@@ -29,10 +29,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
 # --cost values: auto prices with vLLM's measured kernels where the GPU and version have
 # tables (sim.cost.kernel_tables), else with the fitted model; kernels insists on tables.
 COSTS = ("auto", "kernels", "gpu", "roofline")
-# The fitted model stays the default until vLLM's own time (scheduling, API server,
-# detokenizer) is priced beside the measured kernels: kernels alone price whole vLLM runs
-# faster than they ran (docs/kernels.md).
-DEFAULT_COST = "gpu"
+# vLLM's measured kernels where the GPU has tables, else the fitted model (docs/kernels.md
+# compares the two on whole vLLM runs).
+DEFAULT_COST = "auto"
 
 # vLLM's --dtype values and servelab's, as the cost model names them. `auto` takes the
 # checkpoint's dtype, bf16 for every model servelab ships.

@@ -101,7 +101,7 @@ def format_runs(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The fitted GPU model against data never "
                                      "fitted on: Splitwise's steps and four real vLLM runs.")
-    parser.add_argument("--cost", default=DEFAULT_COST, choices=("gpu", "kernels"),
+    parser.add_argument("--cost", default=DEFAULT_COST, choices=("auto", "gpu", "kernels"),
                         help="what prices the vLLM runs' replays (kernels: the measured "
                              "tables at each run's vLLM version)")
     cost = parser.parse_args(argv).cost

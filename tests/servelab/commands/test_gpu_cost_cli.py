@@ -10,9 +10,18 @@ from servelab.cli import main
 TRACE = ["--trace", "synthetic:n=20,rate=5,prompt=fixed(300),output=fixed(20)"]
 
 
-def test_simulate_defaults_to_the_fitted_gpu_model_and_records_it(tmp_path, capsys):
+def test_simulate_defaults_to_measured_kernels_and_records_them(tmp_path, capsys):
     out = tmp_path / "run.json"
     assert main(["simulate", *TRACE, "--hardware", "b200", "--json", str(out)]) == 0
+    assert "priced by vllm-kernels: vLLM 0.24.0 kernel tables measured on b200" in (
+        capsys.readouterr().out)
+    assert json.loads(out.read_text())["deployment_spec"]["cost_model"] == "KernelCostModel"
+
+
+def test_simulate_names_the_fitted_model_and_its_reach(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["simulate", *TRACE, "--hardware", "b200", "--cost", "gpu",
+                 "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "priced by gpu-fitted" in printed and "extrapolated from its datasheet" in printed
     assert json.loads(out.read_text())["deployment_spec"]["cost_model"] == "GpuCostModel"

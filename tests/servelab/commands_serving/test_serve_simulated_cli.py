@@ -30,7 +30,8 @@ def get(url: str, body: dict | None = None) -> bytes:
 def test_serve_simulate_answers_without_weights_and_drains_on_sigterm():
     process = subprocess.Popen(
         [sys.executable, "-m", "servelab", "serve", "--simulate", "--hardware", "h200",
-         "--policy", "chunked", "--max-num-batched-tokens", "4096", "--port", "0"],
+         "--cost", "gpu", "--policy", "chunked", "--max-num-batched-tokens", "4096",
+         "--port", "0"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stderr.readline()
@@ -87,8 +88,8 @@ def test_serve_simulate_rejects_flags_of_the_other_mode(argv, message, capsys):
 
 @pytest.mark.parametrize("budget", [1024, 8192])
 def test_start_up_line_states_the_fitted_range_for_the_engines_own_budget(budget):
-    args = build_parser().parse_args(["serve", "--simulate", "--policy", "chunked",
-                                      "--max-num-batched-tokens", str(budget)])
+    args = build_parser().parse_args(["serve", "--simulate", "--cost", "gpu", "--policy",
+                                      "chunked", "--max-num-batched-tokens", str(budget)])
     parts = _simulated_parts(args, ByteTokenizer())
     assert parts.scheduler.config.budget == budget
     assert f"steps up to {budget} tokens" in parts.where  # h100: inside the fitted data

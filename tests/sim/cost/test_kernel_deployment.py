@@ -1,5 +1,5 @@
-"""`--cost auto` prices with vLLM's measured kernels where the GPU has tables; the fitted model
-stays the default."""
+"""`--cost auto`, the default, prices with vLLM's measured kernels where the GPU has tables and
+with the fitted model elsewhere."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from sim.cost.kernel_cost import KernelCostModel
 from sim.deployment import DeploymentOptions, build_deployment
 
 
-def test_the_default_is_the_fitted_model():
+def test_the_default_prices_from_the_measured_kernels():
     deployment = build_deployment(DeploymentOptions())
-    assert type(deployment.cost_model) is GpuCostModel and deployment.vllm_version is None
-    assert "priced by gpu-fitted" in deployment.description
+    assert type(deployment.cost_model) is KernelCostModel and deployment.vllm_version
+    assert "priced by vllm-kernels" in deployment.description
+    fitted = build_deployment(DeploymentOptions(hardware="rtx-4090"))
+    assert type(fitted.cost_model) is GpuCostModel and fitted.vllm_version is None
 
 
 @pytest.mark.parametrize("gpu", ["h100", "b200", "l40s"])
