@@ -173,7 +173,8 @@ def test_llama4_chunked_attention_is_priced_as_full_and_said_so() -> None:
 
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_description_states_the_fitted_coverage_at_the_engines_budget(quantization) -> None:
-    deployment = build_deployment(DeploymentOptions(hardware="h100", quantization=quantization))
+    deployment = build_deployment(DeploymentOptions(hardware="h100", quantization=quantization,
+                                                    cost="gpu"))
     # The description holds the lab's 2,048-token budget; description_at restates it alone.
     assert "steps up to 2048 tokens inside" in deployment.description
     assert deployment.description_at(2048) == deployment.description
