@@ -77,10 +77,12 @@ def drafter_spec(config: SpeculativeConfig, target: ModelSpec) -> ModelSpec:
 
 
 def first_layers(spec: ModelSpec, num_layers: int, name: str) -> ModelSpec:
-    """spec cut to its first num_layers decoder layers (embedding and LM head kept)."""
+    """spec cut to its first num_layers decoder layers (embedding and LM head kept). An MoE
+    model keeps at least one MoE layer: a one-layer head of DeepSeek-V3 is its MTP module,
+    an MoE block, though the model's first layers are dense."""
     sliding = min(spec.num_sliding_layers, num_layers - 1)
     return replace(spec, name=name, num_layers=num_layers,
-                   num_dense_layers=min(spec.num_dense_layers, num_layers),
+                   num_dense_layers=min(spec.num_dense_layers, num_layers - 1),
                    num_sliding_layers=sliding, sliding_window=spec.sliding_window if sliding else 0)
 
 

@@ -77,6 +77,16 @@ def test_heads_and_first_layers_take_the_targets_shapes():
         drafter_spec(SpeculativeConfig(method="draft_model", model="tiny"), target)
 
 
+def test_an_mtp_head_of_a_model_with_dense_first_layers_is_one_moe_block():
+    """DeepSeek-V3 keeps its first 3 layers dense; its MTP module is an MoE block."""
+    target = resolve_model("deepseek-ai/DeepSeek-V3")
+    assert target.num_dense_layers == 3
+    head = drafter_spec(SpeculativeConfig(method="mtp", num_speculative_tokens=1), target)
+    assert (head.num_layers, head.num_dense_layers, head.num_moe_layers) == (1, 0, 1)
+    cut = drafter_spec(SpeculativeConfig(method="draft_model", draft_num_layers=3), target)
+    assert (cut.num_dense_layers, cut.num_moe_layers) == (2, 1)
+
+
 def test_a_drafter_priced_alike_costs_less_than_the_target():
     model, gpu = resolve_model("llama-3-8b"), hardware_spec("h100")
     target = gpu_cost_backend(model, gpu)
