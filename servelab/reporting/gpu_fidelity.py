@@ -89,7 +89,7 @@ def gpu_fidelity_section(out: Path) -> Section:
     """Report section: the fitted GPU model against Splitwise's steps and the real vLLM runs
     (both charts into `out`; tables in the body)."""
     errors = splitwise_errors()
-    split_rows, run_rows = splitwise_table(errors), run_table()
+    split_rows, run_rows = splitwise_table(errors), run_table(cost="gpu")
     steps_png, runs_png = out / "gpu_steps.png", out / "gpu_runs.png"
     step_chart(errors, steps_png)
     run_chart(run_rows, runs_png)

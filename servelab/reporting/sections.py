@@ -37,9 +37,10 @@ class Section:
 
 
 def default_deployment(hardware: str = "h100") -> tuple[Backend, int]:
-    """Llama-3-8B on one `hardware` GPU as the CLI resolves its defaults: the fitted GPU
-    cost model and vLLM's KV pool in blocks of 16."""
-    deployment = build_deployment(DeploymentOptions(hardware=hardware))
+    """Llama-3-8B on one `hardware` GPU priced by the fitted GPU cost model (`--cost gpu`:
+    the report's scenarios, overloads included, are sized for its step times) with vLLM's
+    KV pool in blocks of 16."""
+    deployment = build_deployment(DeploymentOptions(hardware=hardware, cost="gpu"))
     return deployment.cost_model, deployment.kv_pool.num_blocks
 
 
