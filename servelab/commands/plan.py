@@ -29,8 +29,9 @@ from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, l
 from sim.cluster.config import DEFAULT_KV_LINK_GBPS
 from sim.cluster.router import ROUTERS
 from sim.cost.gpu_terms import coverage as gpu_coverage
+from sim.cost.kernel_cost import KernelCostModel
 from sim.cost.roofline import QUANTIZATIONS
-from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.deployment import COSTS, DEFAULT_COST, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.specs.engine_limits import (
     ENGINE_DEFAULTS,
     VLLM_LARGE_GPU_BYTES,
@@ -70,9 +71,11 @@ def _add_space_args(plan: argparse.ArgumentParser) -> None:
                        help="fp8: every deployment's linear weights in one byte (vLLM's "
                             "--quantization fp8)")
     add_kv_cache_dtype_arg(space)
-    space.add_argument("--cost", default="gpu", choices=("gpu", "roofline"),
-                       help="gpu: the operator model fitted on published GPU profiles "
-                            "(default); roofline: the analytic roofline")
+    space.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
+                       help="auto (default): vLLM's measured kernels where the GPU has "
+                            "tables, else the fitted model; kernels: the tables or an error; "
+                            "gpu: the operator model fitted on published GPU profiles; "
+                            "roofline: the analytic roofline")
     space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
                        help="GPU presets or files (default: every shipped GPU)")
     add_hidden_alias(space, "--tp", "tp")  # servelab's first names
@@ -192,7 +195,7 @@ def _run(args: argparse.Namespace) -> int:
     if not families:
         raise ValueError("no deployment in the search space fits its GPUs")
     engines = _engines_per_hardware(context, families)
-    _print_pricing(context, engines)
+    _print_pricing(context, engines, families)
     _print_engines(engines)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
@@ -243,8 +246,12 @@ def _family(row: dict) -> Family:
                   row["max_num_seqs"], row["token_budget"], row.get("dp", 1))
 
 
+COST_NAMES = {"auto": "vllm-kernels where the GPU has tables, else gpu-fitted",
+              "kernels": "vllm-kernels", "gpu": "gpu-fitted", "roofline": "roofline"}
+
+
 def _cost_name(cost: str) -> str:
-    return "gpu-fitted" if cost == "gpu" else "roofline"
+    return COST_NAMES[cost]
 
 
 def _engines_per_hardware(context: SearchContext, families: list[Family]
@@ -267,12 +274,19 @@ def _print_engines(engines: dict[str, list[dict]]) -> None:
                   f"{row['max_num_batched_tokens']}, max_model_len {row['max_model_len']}")
 
 
-def _print_pricing(context: SearchContext, engines: dict[str, list[dict]]) -> None:
-    """Which cost model prices the probes, and (fitted) whether each GPU is in its data."""
+def _print_pricing(context: SearchContext, engines: dict[str, list[dict]],
+                   families: list[Family]) -> None:
+    """Which cost model prices the probes: per GPU the measured kernels' tables, or whether
+    the GPU lies in the fitted model's data."""
     print(f"priced by {_cost_name(context.cost)}")
-    if context.cost != "gpu":
+    if context.cost == "roofline":
         return
     for hardware, rows in sorted(engines.items()):
+        family = next(f for f in families if f.hardware == hardware)
+        model = context.resolved(family).cost_model
+        if isinstance(model, KernelCostModel):
+            print(f"  GPU {hardware}: {model.describe()}")
+            continue
         # Its engines compute at most their token budget a step.
         budget = max(row["max_num_batched_tokens"] for row in rows)
         print(f"  {gpu_coverage(context.model, hardware, budget)}")

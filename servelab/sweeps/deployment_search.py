@@ -23,6 +23,7 @@ from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cluster.router import RouterConfig
 from sim.cost.roofline import AnalyticCostModel
 from sim.deployment import (
+    DEFAULT_COST,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     Deployment,
     DeploymentOptions,
@@ -86,7 +87,7 @@ class SearchContext:
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    cost: str = "gpu"  # what prices steps: gpu (fitted on GPU profiles) or roofline
+    cost: str = DEFAULT_COST  # what prices steps: a --cost value (sim.deployment.COSTS)
     open_loop: bool = False  # sessions' turns at their written times, not closed-loop
     quantization: str | None = None  # vLLM's --quantization (fp8), for every deployment
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype, for every deployment

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from servelab.cli import main
 
 TRACE = ["--trace", "synthetic:n=20,rate=5,prompt=fixed(300),output=fixed(20)"]
@@ -43,14 +45,19 @@ def test_the_two_cost_models_price_differently(tmp_path, capsys):
     assert results["gpu"] != results["roofline"]
 
 
-def test_plan_names_its_cost_model_and_coverage(tmp_path, capsys):
+@pytest.mark.parametrize(("cost", "name", "line"), [
+    ("auto", "vllm-kernels where the GPU has tables, else gpu-fitted",
+     "GPU h100: vLLM 0.24.0 kernel tables measured on h100"),
+    ("gpu", "gpu-fitted", "GPU h100 fitted"),
+])
+def test_plan_names_its_cost_model_and_coverage(tmp_path, capsys, cost, name, line):
     out = tmp_path / "plan.json"
     assert main(["plan", "--trace", "azure-conv", "--max-requests", "60", "--hardware", "h100",
-                 "--tp", "1", "--workers", "1", "--rate-range", "1,2",
+                 "--tp", "1", "--workers", "1", "--rate-range", "1,2", "--cost", cost,
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "priced by gpu-fitted" in printed and "GPU h100 fitted" in printed
-    assert json.loads(out.read_text())["cost_model"] == "gpu-fitted"
+    assert f"priced by {name}" in printed and line in printed
+    assert json.loads(out.read_text())["cost_model"] == name
 
 
 def test_fidelity_gpu_command_prints_both_tables(tmp_path, capsys):
