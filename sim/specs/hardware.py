@@ -31,10 +31,12 @@ class HardwareSpec:
     # GPU-to-GPU bandwidth of one GPU in one direction, bytes/s (NVLink, or PCIe where the
     # card has none). Datasheets quote the bidirectional total, so this is half of it.
     interconnect_bytes_s: float
-    # Host (CPU memory) link of one GPU in one direction, bytes/s: PCIe, which KV swapped to
-    # host memory crosses. Datasheets quote the bidirectional total, so this is half of it.
+    # Host (CPU memory) link of one GPU in one direction, bytes/s: PCIe (NVLink-C2C on a Grace
+    # superchip), which KV swapped to host memory crosses. Datasheets quote the bidirectional
+    # total, so this is half of it.
     host_link_bytes_s: float
-    # GPUs in one node (an HGX board, or a PCIe server); tensor parallelism stays within it.
+    # GPUs that reach each other at interconnect_bytes_s (an HGX board, a PCIe server, a
+    # GB200 NVL72 rack's NVLink domain); tensor parallelism stays within them.
     max_gpus: int = 8
     peak_fp8_flops: float | None = None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
     # Fixed cost of one collective (all-reduce, all-to-all) on top of its bytes.

@@ -34,6 +34,17 @@ def test_simulate_runs_every_shipped_config(model: str, capsys) -> None:
     assert model in out and "KV pool:" in out
 
 
+@pytest.mark.parametrize("gpu", ["b300", "gb200", "h100-pcie", "a100-80gb-pcie", "l4"])
+def test_simulate_runs_on_the_aiconfigurator_systems_from_their_datasheets(gpu: str,
+                                                                          capsys) -> None:
+    """No kernel tables or profiles for these GPUs: the fitted model, scaled by the file."""
+    trace = "synthetic:n=20,rate=5,prompt=fixed(300),output=fixed(20)"
+    assert main(["simulate", "--trace", trace, "--hardware", gpu]) == 0
+    out = capsys.readouterr().out
+    assert f"llama-3-8b on {gpu} (bf16); priced by gpu-fitted: no measured vLLM kernels" in out
+    assert "extrapolated from the datasheet" in out and "KV pool:" in out
+
+
 def _deployment_spec(tmp_path: Path, capsys, *flags: str) -> dict:
     """`simulate` of the tiny trace with these flags: the deployment its --json records."""
     argv = ["simulate", "--trace", TINY, *flags, "--json", str(tmp_path / "r.json")]
@@ -143,7 +154,8 @@ def test_the_four_vllm_runs_replay_with_their_engine_args(run: str, flags: list[
 def test_hardware_and_models_list_what_the_flags_take(capsys) -> None:
     assert main(["hardware"]) == 0
     listing = capsys.readouterr().out
-    assert all(name in listing for name in ("b200", "l40s", "rtx-4090", "rtx-pro-6000"))
+    assert all(name in listing for name in ("b200", "l40s", "rtx-4090", "rtx-pro-6000",
+                                            "b300", "gb200", "h100-pcie", "l4"))
     assert main(["hardware", "l40s"]) == 0 and "datasheet" in capsys.readouterr().out
     assert main(["models"]) == 0
     listing = capsys.readouterr().out

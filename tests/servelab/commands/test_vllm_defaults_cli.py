@@ -19,7 +19,8 @@ TRACE = ["--trace", "azure-code", "--max-requests", "30"]
 @pytest.mark.parametrize(("gpu", "seqs", "tokens"), [
     ("h100", 1024, 8192), ("h200", 1024, 8192), ("b200", 1024, 8192),
     ("rtx-pro-6000", 1024, 8192), ("a100-80gb", 256, 2048), ("l40s", 256, 2048),
-    ("rtx-4090", 256, 2048)])
+    ("rtx-4090", 256, 2048), ("b300", 1024, 8192), ("gb200", 1024, 8192),
+    ("h100-pcie", 1024, 8192), ("a100-80gb-pcie", 256, 2048), ("l4", 256, 2048)])
 def test_vllm_server_limits_follow_the_gpu(gpu, seqs, tokens):
     spec = hardware_spec(gpu)
     limits = vllm_server_limits(spec.name, spec.memory_bytes, 131072)

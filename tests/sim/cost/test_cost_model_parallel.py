@@ -197,7 +197,17 @@ def test_presets_carry_nvlink_per_direction() -> None:
     assert hardware_spec("a100-80gb").interconnect_bytes_s == 300e9
     assert hardware_spec("h100").interconnect_bytes_s == 450e9
     assert hardware_spec("h200").interconnect_bytes_s == 450e9
-    assert all(spec.max_gpus == 8 for spec in HARDWARE_SPECS.values())
+    # An HGX board or a PCIe server holds 8; a GB200 NVL72 links all 72 at NVLink speed.
+    assert {name: spec.max_gpus for name, spec in HARDWARE_SPECS.items()
+            if spec.max_gpus != 8} == {"gb200": 72}
+
+
+def test_tensor_parallelism_spans_an_nvl72_rack_but_not_an_hgx_board() -> None:
+    rack = AnalyticCostModel.preset("llama-3-70b", "gb200", tensor_parallel=16)
+    board = AnalyticCostModel.preset("llama-3-70b", "gb200", tensor_parallel=8)
+    assert rack.predict(decode_plan(64, 2048)) < board.predict(decode_plan(64, 2048))
+    with pytest.raises(ValueError, match="exceeds the 8 GPUs of one NVLink node"):
+        AnalyticCostModel.preset("llama-3-70b", "b300", tensor_parallel=16)
 
 
 @pytest.mark.parametrize("changes", [{"interconnect_bytes_s": 0.0}, {"max_gpus": 0}])

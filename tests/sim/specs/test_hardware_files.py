@@ -18,6 +18,30 @@ def test_the_presets_the_issue_names_ship() -> None:
             "rtx-pro-6000"} <= set(HARDWARE_SPECS)
 
 
+# The systems NVIDIA's AIConfigurator describes beside those: (bf16 dense TFLOP/s, fp8 dense
+# TFLOP/s or None, memory MiB, memory TB/s, interconnect GB/s one way, max_gpus).
+AICONFIGURATOR_SYSTEMS = {
+    "b300": (2250, 4500, 275040, 7.75, 900, 8),
+    "gb200": (2500, 5000, 189471, 8.0, 900, 72),  # the NVL72's NVLink domain
+    "h100-pcie": (756.5, 1513, 80 * 1024, 2.0, 64, 8),  # PCIe Gen5: bridges pair only 2
+    "a100-80gb-pcie": (312, None, 80 * 1024, 1.935, 32, 8),  # no FP8 tensor cores
+    "l4": (121, 242.5, 23034, 0.3, 32, 8),  # 24 GB less ECC, as nvidia-smi reports it
+}
+
+
+@pytest.mark.parametrize("name", sorted(AICONFIGURATOR_SYSTEMS))
+def test_aiconfigurator_systems_load_with_their_datasheet_figures(name: str) -> None:
+    bf16, fp8, memory_mib, memory_tb_s, link_gb_s, max_gpus = AICONFIGURATOR_SYSTEMS[name]
+    spec = load_hardware(GPUS_DIR / f"{name}.json")
+    assert spec == HARDWARE_SPECS[name] == hardware_spec(name.upper())
+    assert spec.peak_flops == bf16 * 1e12
+    assert spec.peak_fp8_flops == (None if fp8 is None else fp8 * 1e12)
+    assert spec.memory_bytes == memory_mib * 2**20
+    assert spec.mem_bandwidth_bytes_s == memory_tb_s * 1e12
+    assert spec.interconnect_bytes_s == link_gb_s * 1e9
+    assert spec.max_gpus == max_gpus and spec.usd_per_hour > 0
+
+
 @pytest.mark.parametrize("name", sorted(HARDWARE_SPECS))
 def test_every_number_has_a_source(name: str) -> None:
     data = json.loads((GPUS_DIR / f"{name}.json").read_text())
