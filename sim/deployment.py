@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from sim.cost.calibrated import CalibratedCostModel
+from sim.cost.drafter import DrafterCost, SpeculativeCostModel, TargetPricing, drafter_cost
 from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.kernel_cost import kernel_cost_backend
 from sim.cost.kernel_tables import KernelTableError, KernelTables, measured_versions
 from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel, kv_element_bytes
 from sim.engine.core import Backend
+from sim.engine.speculation.config import DRAFTER_METHODS, SpeculativeConfig
 from sim.specs.engine_limits import ENGINE_DEFAULTS, EngineLimits, kv_blocks, vllm_server_limits
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
@@ -152,6 +154,22 @@ class Deployment:
         if self.coverage_frame is None or self.hardware is None:
             return self.description
         return _framed(self.coverage_frame, self.model.name, self.hardware.name, budget_tokens)
+
+    def speculative_pricing(self, speculative: SpeculativeConfig | None
+                            ) -> tuple[Backend, SpeculativeConfig | None, DrafterCost | None]:
+        """What prices a run with `speculative`: the cost model with the verify floor and,
+        for a drafter (draft model, EAGLE, MTP), its passes added to each step, the config
+        marked as priced, and the drafter's cost; without speculation the cost model as it
+        is (sim.cost.drafter). DrafterCostError names what a drafter lacks."""
+        if speculative is None:
+            return self.cost_model, None, None
+        if speculative.method not in DRAFTER_METHODS:
+            return SpeculativeCostModel(self.cost_model), speculative, None
+        target = TargetPricing(self.cost_model, self.model, self.hardware, self.dtype,
+                               self.parallel.tensor_parallel)
+        drafter = drafter_cost(speculative, target)
+        return (SpeculativeCostModel(self.cost_model, drafter),
+                replace(speculative, drafter_priced=True), drafter)
 
     @property
     def kv_bytes_per_token(self) -> int:

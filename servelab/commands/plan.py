@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.kernel_cost import KernelCostModel
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import COSTS, DEFAULT_COST, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.engine.speculation.config import SpeculativeConfig
 from sim.specs.engine_limits import (
     ENGINE_DEFAULTS,
     VLLM_LARGE_GPU_BYTES,
@@ -71,6 +73,9 @@ def _add_space_args(plan: argparse.ArgumentParser) -> None:
                        help="fp8: every deployment's linear weights in one byte (vLLM's "
                             "--quantization fp8)")
     add_kv_cache_dtype_arg(space)
+    space.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help='speculative decoding on every engine, vLLM\'s JSON with '
+                            '"acceptance_rates" (as simulate takes it; default: off)')
     space.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
                        help="auto (default): vLLM's measured kernels where the GPU has "
                             "tables, else the fitted model; kernels: the tables or an error; "
@@ -188,7 +193,9 @@ def _run(args: argparse.Namespace) -> int:
                           args.block_size, args.max_model_len, args.kv_link_gbps,
                           args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
                           open_loop=args.open_loop, quantization=args.quantization,
-                          kv_cache_dtype=args.kv_cache_dtype)
+                          kv_cache_dtype=args.kv_cache_dtype,
+                          speculative=(SpeculativeConfig.from_json(args.speculative_config)
+                                       if args.speculative_config else None))
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")
@@ -229,6 +236,8 @@ def _run(args: argparse.Namespace) -> int:
                "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
                "cheapest_per_hardware": best, "cheapest": top,
                "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost),
+               "speculative_config": (context.speculative.as_record()
+                                      if context.speculative else None),
                "engine_per_hardware": engines,
                "runs": run.counts,
                "not_searched": [{"deployment": f.label(), "dearer_than": x}
@@ -279,6 +288,9 @@ def _print_pricing(context: SearchContext, engines: dict[str, list[dict]],
     """Which cost model prices the probes: per GPU the measured kernels' tables, or whether
     the GPU lies in the fitted model's data."""
     print(f"priced by {_cost_name(context.cost)}")
+    if context.speculative is not None:
+        record = context.speculative.as_record()
+        print(f"  speculative decoding on every engine: {json.dumps(record)}")
     if context.cost == "roofline":
         return
     for hardware, rows in sorted(engines.items()):

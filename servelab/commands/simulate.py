@@ -26,11 +26,10 @@ from servelab.sim_args import (
 )
 from servelab.slo_args import add_slo_p99_args, slo_from_args, slo_p99_verdicts
 from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
-from sim.cost.drafter import DrafterCost, SpeculativeCostModel, TargetPricing, drafter_cost
+from sim.cost.drafter import DrafterCost
 from sim.deployment import Deployment, build_deployment
 from sim.engine.core import Backend
 from sim.engine.scheduler_config import SchedulerConfig
-from sim.engine.speculation.config import DRAFTER_METHODS
 from sim.engine.speculation.report import configured_summary, format_speculation
 from sim.policy_runs import PolicyOutcome, simulate_policies
 from sim.replay.overload import Overload
@@ -196,20 +195,13 @@ def _served_something(results: dict[str, dict], command: str) -> int:
 
 def _with_drafter(deployment: Deployment, configs: dict[str, SchedulerConfig]
                   ) -> tuple[Backend, dict[str, SchedulerConfig], DrafterCost | None]:
-    """Speculation: the cost model with the verify floor and, for a drafter (draft model,
-    EAGLE, MTP), its passes added to each step, the configs marked as priced; else as
-    they were (sim.cost.drafter)."""
+    """The backend and configs a run prices with (Deployment.speculative_pricing), the
+    configs' speculation marked as priced where a drafter prices it."""
     speculative = next(iter(configs.values())).speculative
-    if speculative is None:
-        return deployment.cost_model, configs, None
-    if speculative.method not in DRAFTER_METHODS:
-        return SpeculativeCostModel(deployment.cost_model), configs, None
-    target = TargetPricing(deployment.cost_model, deployment.model, deployment.hardware,
-                           deployment.dtype, deployment.parallel.tensor_parallel)
-    drafter = drafter_cost(speculative, target)
-    priced = replace(speculative, drafter_priced=True)
-    return (SpeculativeCostModel(deployment.cost_model, drafter),
-            {p: replace(c, speculative=priced) for p, c in configs.items()}, drafter)
+    backend, priced, drafter = deployment.speculative_pricing(speculative)
+    if priced is not speculative:
+        configs = {p: replace(c, speculative=priced) for p, c in configs.items()}
+    return backend, configs, drafter
 
 
 def _print_speculation(results: dict[str, dict], drafter: DrafterCost | None) -> None:

@@ -12,9 +12,10 @@ through a sweep runner, one per worker in flight, so a pool works on many famili
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from servelab.sweeps.grid import CapacitySlo, Runner, replay_summary
@@ -30,6 +31,7 @@ from sim.deployment import (
     build_deployment,
 )
 from sim.engine.scheduler_config import VLLM_POLICY, SchedulerConfig
+from sim.engine.speculation.config import SpeculativeConfig
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import gpu_hour_usd
 from workloads.trace import Trace
@@ -91,6 +93,7 @@ class SearchContext:
     open_loop: bool = False  # sessions' turns at their written times, not closed-loop
     quantization: str | None = None  # vLLM's --quantization (fp8), for every deployment
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype, for every deployment
+    speculative: SpeculativeConfig | None = None  # --speculative-config, for every engine
 
     def resolved(self, family: Family) -> Deployment:
         """One engine of the family as a Deployment (its cost model, its KV pool sized for
@@ -131,14 +134,15 @@ class SearchContext:
         """The cost model, each engine's scheduler config and the cluster of a point."""
         family = point.family
         deployment = self.resolved(family)
-        backend, spec = deployment.cost_model, deployment.model
-        config = self.scheduler_config(family, deployment)
+        spec = deployment.model
+        backend, speculative, _ = deployment.speculative_pricing(self.speculative)
+        config = replace(self.scheduler_config(family, deployment), speculative=speculative)
         prefill, decode = (0, 0) if family.pd is None else family.pd
         cluster = ClusterConfig(
             num_replicas=point.scale * family.dp if family.pd is None else 1,
             router=RouterConfig(family.router), num_prefill=prefill * point.scale,
             num_decode=decode * point.scale, kv_link_gbps=self.kv_link_gbps,
-            kv_bytes_per_token=spec.kv_bytes_per_token(backend.dtype_bytes))
+            kv_bytes_per_token=spec.kv_bytes_per_token(deployment.cost_model.dtype_bytes))
         return backend, config, cluster
 
 
@@ -338,5 +342,7 @@ def simulate_args(row: dict, context: SearchContext) -> list[str]:
             *(["--max-model-len", str(context.max_model_len)] if context.max_model_len else []),
             *(["--open-loop"] if context.open_loop else []),
             *(["--quantization", context.quantization] if context.quantization else []),
+            *(["--speculative-config", json.dumps(context.speculative.as_record())]
+              if context.speculative else []),
             *(["--kv-cache-dtype", context.kv_cache_dtype]
               if context.kv_cache_dtype != "auto" else [])]
