@@ -185,17 +185,22 @@ def _families(args: argparse.Namespace) -> list[Family]:
             for budget in budgets if pd is None or dp == 1]
 
 
+def _context(args: argparse.Namespace, trace, slo: CapacitySlo) -> SearchContext:
+    """What every probe of the search shares, from the flags."""
+    speculative = (SpeculativeConfig.from_json(args.speculative_config)
+                   if args.speculative_config else None)
+    return SearchContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
+                         args.block_size, args.max_model_len, args.kv_link_gbps,
+                         args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
+                         open_loop=args.open_loop, quantization=args.quantization,
+                         kv_cache_dtype=args.kv_cache_dtype, speculative=speculative)
+
+
 def _run(args: argparse.Namespace) -> int:
     slo = CapacitySlo(args.slo_ttft_p99_ms, args.slo_itl_p99_ms)
     low, high = _list(args.rate_range, float) if args.rate_range else (1.0, 16.0)
     trace = load_trace_from_args(args)
-    context = SearchContext(trace, slo, args.model, args.dtype, _prices(args.gpu_prices),
-                          args.block_size, args.max_model_len, args.kv_link_gbps,
-                          args.enable_prefix_caching, args.gpu_memory_utilization, args.cost,
-                          open_loop=args.open_loop, quantization=args.quantization,
-                          kv_cache_dtype=args.kv_cache_dtype,
-                          speculative=(SpeculativeConfig.from_json(args.speculative_config)
-                                       if args.speculative_config else None))
+    context = _context(args, trace, slo)
     families, skipped = fitting_families(context, _families(args))
     for line in skipped:
         print(f"skipped {line}")
