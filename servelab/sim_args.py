@@ -244,9 +244,9 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
                        help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
                             "exchanged around each MoE layer (vLLM's expert parallel)")
     group.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
-                       help="gpu (default): the operator model fitted on published GPU "
-                            "profiles; auto: vLLM's measured kernels where the GPU has "
-                            "tables (docs/kernels.md), else the fitted model; kernels: the "
+                       help="auto (default): vLLM's measured kernels where the GPU has "
+                            "tables (docs/kernels.md), else the fitted model; gpu: the "
+                            "operator model fitted on published GPU profiles; kernels: the "
                             "measured kernels or an error; roofline: the analytic roofline")
     group.add_argument("--vllm-version", default=None,
                        help="the vLLM version whose measured kernels price steps (default: "
