@@ -30,15 +30,20 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_BELOW_TEMPERATURE or params.top_k == 1
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Draw one token from logits [vocab] (float32) by inverse CDF with one uniform."""
+def _tempered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Softmax of logits [vocab] at the temperature, outside the top-k masked off."""
     x = logits / params.temperature
-    vocab = x.shape[0]
-    if 0 < params.top_k < vocab:
+    if 0 < params.top_k < x.shape[0]:
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    u = torch.rand((), generator=generator, device=x.device, dtype=torch.float32)
+    return torch.softmax(x, dim=-1)
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Draw one token from logits [vocab] (float32) by inverse CDF with one uniform."""
+    vocab = logits.shape[0]
+    probs = _tempered_probs(logits, params)
+    u = torch.rand((), generator=generator, device=logits.device, dtype=torch.float32)
     if params.top_p < 1.0:
         # Keep the smallest head of the sorted distribution whose mass reaches top_p.
         probs, order = probs.sort(descending=True, stable=True)
@@ -53,12 +58,7 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution sample_row draws from, over the whole vocabulary [vocab]."""
-    x = logits / params.temperature
-    vocab = x.shape[0]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
+    probs = _tempered_probs(logits, params)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True, stable=True)
         keep = (sorted_probs.cumsum(0) - sorted_probs) < params.top_p

@@ -243,11 +243,7 @@ def add_parallel_args(group: argparse._ArgumentGroup, serve: bool = False) -> No
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="an MoE model's experts sharded over tp x dp GPUs, hidden states "
                             "exchanged around each MoE layer (vLLM's expert parallel)")
-    group.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
-                       help="auto (default): vLLM's measured kernels where the GPU has "
-                            "tables (docs/kernels.md), else the fitted model; gpu: the "
-                            "operator model fitted on published GPU profiles; kernels: the "
-                            "measured kernels or an error; roofline: the analytic roofline")
+    add_cost_arg(group)
     group.add_argument("--vllm-version", default=None,
                        help="the vLLM version whose measured kernels price steps (default: "
                             "the newest measured on the GPU)")
@@ -334,3 +330,12 @@ def format_classes(results: dict[str, dict]) -> str:
                 lines.append(f"{key:<12}" + "".join(f"{c:>16}" for c in cells))
             blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def add_cost_arg(group: argparse._ArgumentGroup) -> None:
+    """--cost: what prices a GPU deployment's steps (sim.deployment.COSTS)."""
+    group.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
+                       help="auto (default): vLLM's measured kernels where the GPU has "
+                            "tables (docs/kernels.md), else the fitted model; gpu: the "
+                            "operator model fitted on published GPU profiles; kernels: the "
+                            "measured kernels or an error; roofline: the analytic roofline")

@@ -11,7 +11,12 @@ import pandas as pd
 
 from servelab.cluster_args import parse_pd
 from servelab.flag_types import add_hidden_alias
-from servelab.sim_args import add_kv_cache_dtype_arg, add_prefix_caching_arg, write_json_atomic
+from servelab.sim_args import (
+    add_cost_arg,
+    add_kv_cache_dtype_arg,
+    add_prefix_caching_arg,
+    write_json_atomic,
+)
 from servelab.slo_args import add_slo_p99_args
 from servelab.sweeps.deployment_search import (
     DeploymentProbe,
@@ -32,7 +37,7 @@ from sim.cluster.router import ROUTERS
 from sim.cost.gpu_terms import coverage as gpu_coverage
 from sim.cost.kernel_cost import KernelCostModel
 from sim.cost.roofline import QUANTIZATIONS
-from sim.deployment import COSTS, DEFAULT_COST, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
+from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.engine.speculation.config import SpeculativeConfig
 from sim.specs.engine_limits import (
     ENGINE_DEFAULTS,
@@ -76,11 +81,7 @@ def _add_space_args(plan: argparse.ArgumentParser) -> None:
     space.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding on every engine, vLLM\'s JSON with '
                             '"acceptance_rates" (as simulate takes it; default: off)')
-    space.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
-                       help="auto (default): vLLM's measured kernels where the GPU has "
-                            "tables, else the fitted model; kernels: the tables or an error; "
-                            "gpu: the operator model fitted on published GPU profiles; "
-                            "roofline: the analytic roofline")
+    add_cost_arg(space)
     space.add_argument("--hardware", default=",".join(HARDWARE_SPECS),
                        help="GPU presets or files (default: every shipped GPU)")
     add_hidden_alias(space, "--tp", "tp")  # servelab's first names
