@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
-
-import pandas as pd
 
 from servelab.cluster_args import parse_pd
 from servelab.flag_types import add_hidden_alias
@@ -23,19 +20,25 @@ from servelab.sweeps.deployment_search import (
     Family,
     SearchContext,
     cheapest,
-    engine_settings,
     fitting_families,
     run_probe,
     simulate_args,
     smallest_scales,
 )
 from servelab.sweeps.grid import CapacitySlo, find_capacity
+from servelab.sweeps.plan_report import (
+    cost_name,
+    engines_per_hardware,
+    mark_unsearched,
+    print_engines,
+    print_plan,
+    print_pricing,
+    write_plan_out,
+)
 from servelab.sweeps.runners import LocalRunner, RayRunner
 from servelab.trace_args import OPEN_LOOP_HELP, add_rate_args, add_trace_args, load_trace_from_args
 from sim.cluster.config import DEFAULT_KV_LINK_GBPS
 from sim.cluster.router import ROUTERS
-from sim.cost.gpu_terms import coverage as gpu_coverage
-from sim.cost.kernel_cost import KernelCostModel
 from sim.cost.roofline import QUANTIZATIONS
 from sim.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DTYPE_NAMES
 from sim.engine.speculation.config import SpeculativeConfig
@@ -47,9 +50,6 @@ from sim.specs.engine_limits import (
 )
 from sim.specs.hardware import HARDWARE_SPECS, hardware_spec
 from sim.specs.model_config import resolve_model
-
-_TABLE = ("deployment", "engines", "gpus", "max_num_seqs", "max_num_batched_tokens",
-          "usd_per_hour", "p99_ttft_ms", "p99_itl_ms", "max_rate_rps")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -207,9 +207,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skipped {line}")
     if not families:
         raise ValueError("no deployment in the search space fits its GPUs")
-    engines = _engines_per_hardware(context, families)
-    _print_pricing(context, engines, families)
-    _print_engines(engines)
+    engines = engines_per_hardware(context, families)
+    print_pricing(context, engines, families)
+    print_engines(engines)
     runner_type = RayRunner if args.ray is not None else LocalRunner
     where = (args.ray,) if args.ray is not None else ()
     with runner_type(context, *where, args.workers, progress=True, task=run_probe) as run:
@@ -232,8 +232,8 @@ def _run(args: argparse.Namespace) -> int:
         row["max_qps_scale"] = capacity.qps_scale
         row["max_rate_rps"] = capacity.rate_rps
     top = cheapest(met)[:args.top]
-    _mark_unsearched(top, best)
-    _print(trace, slo, best, top, run.counts)
+    mark_unsearched(top, best)
+    print_plan(trace, slo, best, top, run.counts)
     for line in (f"not searched: {f.label()} (dearer than {x})" for f, x in search.pruned):
         print(line)
     for row in [*best, *top]:
@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     payload = {"trace": {"name": trace.name, "requests": len(trace), "span_s": trace.span_s},
                "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "itl_p99_ms": slo.itl_p99_ms},
                "cheapest_per_hardware": best, "cheapest": top,
-               "skipped": skipped, "probes": len(probes), "cost_model": _cost_name(args.cost),
+               "skipped": skipped, "probes": len(probes), "cost_model": cost_name(args.cost),
                "speculative_config": (context.speculative.as_record()
                                       if context.speculative else None),
                "engine_per_hardware": engines,
@@ -249,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
                "not_searched": [{"deployment": f.label(), "dearer_than": x}
                                 for f, x in search.pruned]}
     if args.out is not None:
-        _write_out(args.out, probes, best, slo, trace.name)
+        write_plan_out(args.out, probes, best, slo, trace.name)
     if args.json is not None:
         write_json_atomic(args.json, payload)
     return 0
@@ -259,102 +259,3 @@ def _family(row: dict) -> Family:
     pd_ratio = None if not row["pd"] else tuple(v // row["scale"] for v in parse_pd(row["pd"]))
     return Family(row["hardware"], row["tp"], row["router"], pd_ratio, row["policy"],
                   row["max_num_seqs"], row["token_budget"], row.get("dp", 1))
-
-
-COST_NAMES = {"auto": "vllm-kernels where the GPU has tables, else gpu-fitted",
-              "kernels": "vllm-kernels", "gpu": "gpu-fitted", "roofline": "roofline"}
-
-
-def _cost_name(cost: str) -> str:
-    return COST_NAMES[cost]
-
-
-def _engines_per_hardware(context: SearchContext, families: list[Family]
-                          ) -> dict[str, list[dict]]:
-    """Each GPU's distinct engine settings among the families (vLLM's defaults for that GPU
-    where a limit was not given), as the probes run them."""
-    engines: dict[str, list[dict]] = {}
-    for family in families:
-        settings = engine_settings(context.scheduler_config(family))
-        if settings not in engines.setdefault(family.hardware, []):
-            engines[family.hardware].append(settings)
-    return engines
-
-
-def _print_engines(engines: dict[str, list[dict]]) -> None:
-    print("engine per GPU (limits not given are vLLM's defaults for that GPU):")
-    for hardware, rows in sorted(engines.items()):
-        for row in rows:
-            print(f"  {hardware}: max_num_seqs {row['max_num_seqs']}, max_num_batched_tokens "
-                  f"{row['max_num_batched_tokens']}, max_model_len {row['max_model_len']}")
-
-
-def _print_pricing(context: SearchContext, engines: dict[str, list[dict]],
-                   families: list[Family]) -> None:
-    """Which cost model prices the probes: per GPU the measured kernels' tables, or whether
-    the GPU lies in the fitted model's data."""
-    print(f"priced by {_cost_name(context.cost)}")
-    if context.speculative is not None:
-        record = context.speculative.as_record()
-        print(f"  speculative decoding on every engine: {json.dumps(record)}")
-    if context.cost == "roofline":
-        return
-    for hardware, rows in sorted(engines.items()):
-        family = next(f for f in families if f.hardware == hardware)
-        model = context.resolved(family).cost_model
-        if isinstance(model, KernelCostModel):
-            print(f"  GPU {hardware}: {model.describe()}")
-            continue
-        # Its engines compute at most their token budget a step.
-        budget = max(row["max_num_batched_tokens"] for row in rows)
-        print(f"  {gpu_coverage(context.model, hardware, budget)}")
-
-
-def _mark_unsearched(top: list[dict], best: list[dict]) -> None:
-    """Rows of `top` whose highest rate was not searched (only each GPU's cheapest is) say
-    which deployment they are dearer than instead of a missing number."""
-    cheapest_of = {row["hardware"]: row for row in best}
-    for row in top:
-        if "max_rate_rps" not in row:
-            other = cheapest_of[row["hardware"]]
-            row["max_rate_rps"] = (
-                f"not searched (dearer than {other['deployment']})"
-                if row["usd_per_hour"] > other["usd_per_hour"] else
-                f"not searched (as dear as {other['deployment']}, whose p99 TTFT is lower)")
-
-
-def _print(trace, slo: CapacitySlo, best: list[dict], top: list[dict], counts: dict) -> None:
-    print(f"plan for {trace.name}: {len(trace)} requests at {len(trace) / trace.span_s:.2f} "
-          f"req/s; p99 TTFT <= {slo.ttft_p99_ms:g} ms, p99 ITL <= {slo.itl_p99_ms:g} ms; "
-          f"{counts['started']} simulations started, {counts['stopped']} stopped early "
-          f"(certain to miss the SLO), {counts['skipped']} skipped")
-    if not best:
-        print("no deployment in the search space holds the SLO")
-        return
-    print("\ncheapest per GPU type (max_rate_rps: the highest rate it holds the SLO at):")
-    print(_table(best))
-    print(f"\ncheapest {len(top)} overall:")
-    print(_table(top))
-
-
-def _table(rows: list[dict]) -> str:
-    frame = pd.DataFrame(rows)
-    if "max_rate_rps" in frame:  # a number, or why there is none
-        frame["max_rate_rps"] = [f"{v:.4g}" if isinstance(v, float) else v
-                                 for v in frame["max_rate_rps"]]
-    columns = [c for c in _TABLE if c in frame]
-    return frame[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
-
-
-def _write_out(out_dir: Path, probes: list[dict], best: list[dict], slo: CapacitySlo,
-               title: str) -> None:
-    from servelab.reporting.charts.plan_chart import plan_chart
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    table = pd.DataFrame(probes)
-    table.to_csv(out_dir / "plan_probes.csv", index=False)
-    pd.DataFrame(best).to_csv(out_dir / "plan_cheapest.csv", index=False)
-    # A probe stopped early has no p99 to plot (only its requests done by then had one).
-    ran = table[table["stopped_s"].isna()] if "stopped_s" in table else table
-    path = plan_chart(ran, pd.DataFrame(best), slo.ttft_p99_ms, out_dir, title)
-    print(f"wrote plan_probes.csv, plan_cheapest.csv and {path.name} to {out_dir}")
