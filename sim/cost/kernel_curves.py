@@ -119,3 +119,17 @@ class Grid:
 
     def __call__(self, batch: int, x: float) -> float:
         return self.row(batch)(x)
+
+
+def graph_replayed_block(block: Curve, tensor: Curve) -> Curve:
+    """Block-scaled fp8 GEMM times as a step inside a CUDA graph pays them. Upstream times
+    that one GEMM table eagerly (every other table inside a CUDA graph), so its few-row
+    times are the host's launches (a flat ~60-90 us on the H100, 7-9x the per-tensor fp8
+    GEMM of the same bytes). A graph replays only the GPU's time: the per-tensor fp8 curve
+    (same weight bytes, same tensor-core rate) scaled by the two tables' ratio at the
+    largest row count both measured, where the GEMM is compute-bound and launches vanish;
+    never above the eager time measured."""
+    top = min(block.xs[-1], tensor.xs[-1])
+    ratio = block(top) / tensor(top)
+    knots = sorted({*block.xs, *tensor.xs})
+    return Curve(knots, [min(block(m), ratio * tensor(m)) for m in knots], power=block.power)

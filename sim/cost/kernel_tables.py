@@ -20,22 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.cost.kernel_curves import Curve, Grid, blend, bracket
+from sim.cost.kernel_collectives import AllReduce, custom_max_bytes
+from sim.cost.kernel_curves import Curve, Grid, blend, bracket, graph_replayed_block
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "aiconfigurator"
-MiB = 2**20
-# vLLM's custom all-reduce runs below 8 MiB; with symmetric memory (on by default on Hopper
-# and Blackwell) its limit is the smaller of that and vllm/distributed/device_communicators/
-# all_reduce_utils.py's CUSTOM_ALL_REDUCE_MAX_SIZES by compute capability and GPUs. Above
-# it vLLM uses symmetric-memory or NCCL all-reduces, priced here by NCCL's table.
-CUSTOM_AR_DEFAULT_MAX_BYTES = 8 * MiB
-CUSTOM_AR_MAX_BYTES = {
-    "h100": {2: 8 * MiB, 4: 8 * MiB, 6: MiB // 2, 8: MiB // 4},  # sm 9.0
-    "h200": {2: 8 * MiB, 4: 8 * MiB, 6: MiB // 2, 8: MiB // 4},
-    "b200": {2: 2 * MiB, 4: 2 * MiB, 6: MiB, 8: MiB},  # sm 10.0
-}
-# GPUs without NVLink: vLLM's custom all-reduce runs on two of them only (P2P over PCIe).
-PCIE_ONLY = frozenset({"l40s", "rtx-pro-6000"})
 
 
 class KernelTableError(ValueError):
@@ -264,9 +252,7 @@ class KernelTables:
     def all_reduce(self, num_gpus: int) -> AllReduce:
         """vLLM's all-reduce over `num_gpus` GPUs: custom below its size limit, NCCL above."""
         custom = None
-        limit = CUSTOM_AR_MAX_BYTES.get(self.gpu, {}).get(num_gpus, CUSTOM_AR_DEFAULT_MAX_BYTES)
-        if self.gpu in PCIE_ONLY and num_gpus > 2:
-            limit = 0
+        limit = custom_max_bytes(self.gpu, num_gpus)
         if "custom_all_reduce" in self.sources and limit:
             rows = _rows(self._path("custom_all_reduce"), self.sources["custom_all_reduce"],
                          num_gpus=num_gpus)
@@ -284,34 +270,6 @@ class KernelTables:
                                        "GPUs")
             limit = float("inf")  # only the custom one was measured: it prices every size
         return AllReduce(custom, nccl, limit if custom is not None else 0)
-
-
-@dataclass(frozen=True)
-class AllReduce:
-    """One all-reduce's latency (ms) by message bytes, as vLLM dispatches it."""
-
-    custom: Curve | None  # vLLM's custom all-reduce in a CUDA graph
-    nccl: Curve | None
-    custom_max_bytes: float  # messages below this go to the custom one
-
-    def __call__(self, message_bytes: float) -> float:
-        if self.custom is not None and message_bytes < self.custom_max_bytes:
-            return self.custom(message_bytes)
-        return self.nccl(message_bytes)
-
-
-def graph_replayed_block(block: Curve, tensor: Curve) -> Curve:
-    """Block-scaled fp8 GEMM times as a step inside a CUDA graph pays them. Upstream times
-    that one GEMM table eagerly (every other table inside a CUDA graph), so its few-row
-    times are the host's launches (a flat ~60-90 us on the H100, 7-9x the per-tensor fp8
-    GEMM of the same bytes). A graph replays only the GPU's time: the per-tensor fp8 curve
-    (same weight bytes, same tensor-core rate) scaled by the two tables' ratio at the
-    largest row count both measured, where the GEMM is compute-bound and launches vanish;
-    never above the eager time measured."""
-    top = min(block.xs[-1], tensor.xs[-1])
-    ratio = block(top) / tensor(top)
-    knots = sorted({*block.xs, *tensor.xs})
-    return Curve(knots, [min(block(m), ratio * tensor(m)) for m in knots], power=block.power)
 
 
 def available_gpus(data_dir: Path = DATA_DIR) -> list[str]:

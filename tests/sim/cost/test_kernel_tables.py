@@ -13,12 +13,11 @@ import pytest
 from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_shapes import LayerShapes, known_gpu
 from sim.cost.kernel_cost import KernelCostModel, gemm_quant
-from sim.cost.kernel_curves import Curve, Grid, blend, bracket
+from sim.cost.kernel_curves import Curve, Grid, blend, bracket, graph_replayed_block
 from sim.cost.kernel_tables import (
     DATA_DIR,
     KernelTableError,
     KernelTables,
-    graph_replayed_block,
 )
 from sim.engine.core import BatchPlan
 
