@@ -12,8 +12,6 @@ from servelab.flag_types import add_hidden_alias
 from servelab.slo_args import add_goodput_args
 from sim.cost.roofline import KV_CACHE_DTYPES, QUANTIZATIONS
 from sim.deployment import (
-    COSTS,
-    DEFAULT_COST,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DTYPE_NAMES,
     Deployment,
@@ -28,6 +26,7 @@ from sim.engine.scheduler_config import (
     SchedulerConfig,
 )
 from sim.engine.speculation.config import SpeculativeConfig
+from sim.pricing import COSTS, DEFAULT_COST
 from sim.specs.engine_limits import ENGINE_DEFAULTS, EngineLimits
 from workloads.formats.files import atomic_output
 
@@ -333,7 +332,7 @@ def format_classes(results: dict[str, dict]) -> str:
 
 
 def add_cost_arg(group: argparse._ArgumentGroup) -> None:
-    """--cost: what prices a GPU deployment's steps (sim.deployment.COSTS)."""
+    """--cost: what prices a GPU deployment's steps (sim.pricing.COSTS)."""
     group.add_argument("--cost", default=DEFAULT_COST, choices=COSTS,
                        help="auto (default): vLLM's measured kernels where the GPU has "
                             "tables (docs/kernels.md), else the fitted model; gpu: the "

@@ -13,13 +13,11 @@ from typing import Any
 
 from sim.cost.calibrated import CalibratedCostModel
 from sim.cost.drafter import DrafterCost, SpeculativeCostModel, TargetPricing, drafter_cost
-from sim.cost.gpu_cost import gpu_cost_backend
 from sim.cost.gpu_terms import coverage as gpu_coverage
-from sim.cost.kernel_cost import kernel_cost_backend
-from sim.cost.kernel_tables import KernelTableError, KernelTables, measured_versions
 from sim.cost.roofline import DTYPE_BYTES, AnalyticCostModel, kv_element_bytes
 from sim.engine.core import Backend
 from sim.engine.speculation.config import DRAFTER_METHODS, SpeculativeConfig
+from sim.pricing import DEFAULT_COST, pick_cost_model
 from sim.specs.engine_limits import ENGINE_DEFAULTS, EngineLimits, kv_blocks, vllm_server_limits
 from sim.specs.hardware import GiB, HardwareSpec, hardware_spec
 from sim.specs.kv_reserve import ProfileShape, vllm_reserve_bytes
@@ -28,12 +26,6 @@ from sim.specs.model_mechanisms import pricing_notes
 from sim.specs.model_specs import ModelSpec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
-# --cost values: auto prices with vLLM's measured kernels where the GPU and version have
-# tables (sim.cost.kernel_tables), else with the fitted model; kernels insists on tables.
-COSTS = ("auto", "kernels", "gpu", "roofline")
-# vLLM's measured kernels where the GPU has tables, else the fitted model (docs/kernels.md
-# compares the two on whole vLLM runs).
-DEFAULT_COST = "auto"
 
 # vLLM's --dtype values and servelab's, as the cost model names them. `auto` takes the
 # checkpoint's dtype, bf16 for every model servelab ships.
@@ -235,8 +227,8 @@ def build_deployment(options: DeploymentOptions) -> Deployment:
         gpu_memory_utilization=utilization, gpu_memory_bytes=hardware.memory_bytes,
         gpu_weight_bytes=cost.rank_weight_bytes, gpu_reserve_bytes=cost.reserve_bytes,
         gpu_kv_bytes=cost.kv_cache_bytes(utilization))
-    priced, pricing, fitted, vllm_version = _pricing(options, cost, model, hardware, parallel,
-                                                     dtype)
+    priced, pricing, fitted, vllm_version = pick_cost_model(options, cost, model, hardware,
+                                                            parallel, dtype)
     if model.is_mla:
         pricing += ("; latent attention priced with the attention terms fitted on standard "
                     "attention (extrapolated)")
@@ -273,47 +265,6 @@ def _reserve_bytes(options: DeploymentOptions, model: ModelSpec, dtype: str,
         raise ValueError(f"--max-num-batched-tokens / --max-num-seqs: {error}") from None
     return vllm_reserve_bytes(model, shape, DTYPE_BYTES[dtype], parallel.tensor_parallel,
                               parallel.data_parallel, parallel.expert_parallel)
-
-
-def _pricing(options: DeploymentOptions, roofline: AnalyticCostModel, model: ModelSpec,
-             hardware: HardwareSpec, parallel: Parallelism,
-             dtype: str) -> tuple[Backend, str, str | None, str | None]:
-    """The cost model --cost picks (the roofline sizes the pool either way), a line naming
-    it (for the measured kernels, their GPU, vLLM version and source; for the fitted one,
-    its notes after where GPU, model and shapes lie in its data), the fitted one's text
-    before that coverage (None for the others), and the kernel tables' vLLM version."""
-    name, quantization, kv = options.cost, options.quantization, options.kv_cache_dtype
-    if name not in COSTS:
-        raise ValueError(f"--cost {name!r}: choose {', '.join(COSTS)}")
-    if options.vllm_version and name not in ("auto", "kernels"):
-        raise ValueError(f"--vllm-version picks measured kernels; --cost {name} has none "
-                         "(use --cost auto or kernels)")
-    if name == "roofline":
-        return roofline, "roofline", None, None
-    ep = parallel.tensor_parallel * parallel.data_parallel if parallel.expert_parallel else 1
-    fallback = ""
-    if name in ("auto", "kernels"):
-        try:
-            tables = KernelTables.load(hardware.name, options.vllm_version)
-            kernels = kernel_cost_backend(model, hardware, tables, parallel.tensor_parallel,
-                                          expert_parallel=ep, dtype=dtype,
-                                          quantization=quantization, kv_cache_dtype=kv)
-            return kernels, f"vllm-kernels: {kernels.describe()}", None, tables.vllm_version
-        except KernelTableError as error:
-            # Asked for by name, or a version the GPU was not measured at: say so.
-            if name == "kernels" or (options.vllm_version and measured_versions(hardware.name)):
-                raise ValueError(f"--cost {name}: {error}") from None
-            fallback = f"no measured vLLM kernels ({error}): extrapolated from the datasheet; "
-    fitted = gpu_cost_backend(model, hardware, parallel.tensor_parallel, expert_parallel=ep,
-                              quantization=quantization, kv_cache_dtype=kv)
-    line = ""  # the notes after the coverage line, which the deployment states per budget
-    if quantization:
-        line += (f"; {quantization} GEMMs at the efficiencies fitted on 16-bit ones "
-                 "(extrapolated)")
-    if kv != "auto":
-        line += (f"; {kv} KV cache read at the decode-attention efficiency fitted on 16-bit "
-                 "KV (extrapolated)")
-    return fitted, line, f"gpu-fitted: {fallback}", None
 
 
 def _describe(options: DeploymentOptions, parallel: Parallelism, dtype: str) -> str:

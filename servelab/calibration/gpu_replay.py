@@ -14,11 +14,12 @@ from sim.cluster.dp_lockstep import run_lockstep
 from sim.cluster.router import RouterConfig
 from sim.cluster.run import run_cluster
 from sim.cost.gpu_cost import GpuCostModel
-from sim.deployment import DEFAULT_COST, Deployment, DeploymentOptions, build_deployment
+from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import Request
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.step import Engine
+from sim.pricing import DEFAULT_COST
 from sim.replay.metrics import summarize
 from sim.replay.simulation import run_trace
 

@@ -22,7 +22,7 @@ from servelab.calibration.splitwise import splitwise_steps
 from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import known_gpu, known_shapes
-from sim.deployment import DEFAULT_COST
+from sim.pricing import DEFAULT_COST
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,11 @@ from sim.cluster.router import RouterConfig
 from sim.cluster.run import ClusterConfig
 from sim.cost.engine_overhead import load_engine
 from sim.cost.gpu_cost import GpuCostModel
-from sim.deployment import DEFAULT_COST, Deployment, DeploymentOptions, build_deployment
+from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
+from sim.pricing import DEFAULT_COST
 from sim.replay.metrics import request_table
 from sim.specs.model_config import (
     UnsupportedModelError,

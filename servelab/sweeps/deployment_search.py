@@ -24,7 +24,6 @@ from sim.cluster.config import DEFAULT_KV_LINK_GBPS, ClusterConfig
 from sim.cluster.router import RouterConfig
 from sim.cost.roofline import AnalyticCostModel
 from sim.deployment import (
-    DEFAULT_COST,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     Deployment,
     DeploymentOptions,
@@ -32,6 +31,7 @@ from sim.deployment import (
 )
 from sim.engine.scheduler_config import VLLM_POLICY, SchedulerConfig
 from sim.engine.speculation.config import SpeculativeConfig
+from sim.pricing import DEFAULT_COST
 from sim.specs.engine_limits import ENGINE_DEFAULTS
 from sim.specs.hardware import gpu_hour_usd
 from workloads.trace import Trace
@@ -89,7 +89,7 @@ class SearchContext:
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    cost: str = DEFAULT_COST  # what prices steps: a --cost value (sim.deployment.COSTS)
+    cost: str = DEFAULT_COST  # what prices steps: a --cost value (sim.pricing.COSTS)
     open_loop: bool = False  # sessions' turns at their written times, not closed-loop
     quantization: str | None = None  # vLLM's --quantization (fp8), for every deployment
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype, for every deployment
