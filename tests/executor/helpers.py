@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from executor.batch import Segment, build_step_inputs
@@ -9,8 +11,12 @@ from executor.config import ModelArgs
 from executor.kv_cache import KVCache
 from executor.model import Transformer
 from executor.prompts import synth_prompt_tokens
+from executor.replay import measured_run
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import Backend, BatchPlan, Request, SamplingParams, StepResult
+from sim.engine.scheduler_config import SchedulerConfig
+from sim.replay.workload import requests_from_trace
+from workloads import TraceTransforms, open_trace
 
 TINY = ModelArgs.from_preset("tiny")
 
@@ -65,3 +71,20 @@ class FixedClock:
 
     def free(self, request: Request) -> None:
         self.backend.free(request)
+
+
+def bundled_greedy_runs(model: Transformer, speculatives: tuple) -> tuple[list[dict], list]:
+    """The first 16 azure-conv requests (prompts <= 64, outputs <= 32 tokens) measured under
+    chunked prefill once per speculative config (None: off): each run's output token ids by
+    request, and each run's scheduler."""
+    trace = TraceTransforms(max_requests=16, max_prompt_len=64, max_output_len=32).apply(
+        open_trace("azure-conv"))
+    config = SchedulerConfig(policy="chunked", num_blocks=64, block_size=16, max_num_seqs=8,
+                             token_budget=64, max_model_len=128)
+    outputs, schedulers = [], []
+    for speculative in speculatives:
+        requests = requests_from_trace(trace)
+        measured_run(requests, replace(config, speculative=speculative), model,
+                     on_scheduler=schedulers.append)
+        outputs.append({r.request_id: r.output_token_ids for r in requests})
+    return outputs, schedulers

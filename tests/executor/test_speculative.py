@@ -3,19 +3,14 @@ n-gram proposals, under every iteration-level policy, preemption included."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from executor.replay import measured_run
 from executor.sampling import Sampler
 from sim.engine.core import Request, SamplingParams
-from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.speculation.config import SpeculativeConfig
-from sim.replay.workload import requests_from_trace
+from tests.executor.helpers import bundled_greedy_runs
 from tests.executor.test_batch_invariance import POLICIES, run, workload
-from workloads import TraceTransforms, open_trace
 
 NGRAM = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
 
@@ -73,16 +68,7 @@ def test_sampled_rows_speculate_and_still_complete(tiny_model):
 def test_greedy_outputs_on_the_bundled_trace_are_bit_identical(tiny_model):
     """The first 16 azure-conv requests (prompts <= 64, outputs <= 32 tokens), chunked
     prefill: n-gram speculation changes no greedy token."""
-    trace = TraceTransforms(max_requests=16, max_prompt_len=64, max_output_len=32).apply(
-        open_trace("azure-conv"))
-    config = SchedulerConfig(policy="chunked", num_blocks=64, block_size=16, max_num_seqs=8,
-                             token_budget=64, max_model_len=128)
-    outputs, schedulers = [], []
-    for speculative in (None, NGRAM):
-        requests = requests_from_trace(trace)
-        measured_run(requests, replace(config, speculative=speculative), tiny_model,
-                     on_scheduler=schedulers.append)
-        outputs.append({r.request_id: r.output_token_ids for r in requests})
+    outputs, schedulers = bundled_greedy_runs(tiny_model, (None, NGRAM))
     assert outputs[0] == outputs[1]
     assert schedulers[1].speculator.num_accepted_tokens > 0
     assert all(len(tokens) > 0 for tokens in outputs[0].values())

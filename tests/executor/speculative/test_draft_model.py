@@ -4,13 +4,10 @@ drafter's distribution q keeps the target's."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from executor.backend import ModelBackend
-from executor.replay import measured_run
 from executor.speculative.drafter import build_drafter, first_layers_model
 from executor.speculative.verify import rejection_sample
 from sim.engine.core import Request, SamplingParams
@@ -19,10 +16,8 @@ from sim.engine.scheduler_config import SchedulerConfig
 from sim.engine.speculation.config import SpeculativeConfig
 from sim.engine.step import Engine
 from sim.replay.simulation import run_trace
-from sim.replay.workload import requests_from_trace
-from tests.executor.helpers import FixedClock
+from tests.executor.helpers import FixedClock, bundled_greedy_runs
 from tests.executor.test_batch_invariance import MAX_MODEL_LEN, POLICIES, STEP_S, workload
-from workloads import TraceTransforms, open_trace
 
 FIRST_LAYER = SpeculativeConfig(method="draft_model", draft_num_layers=1,
                                 num_speculative_tokens=3)
@@ -70,16 +65,7 @@ def test_the_targets_own_weights_as_drafter_are_always_accepted(tiny_model):
 
 def test_greedy_outputs_on_the_bundled_trace_are_bit_identical(tiny_model):
     """The first 16 azure-conv requests, chunked prefill: the draft model changes no token."""
-    trace = TraceTransforms(max_requests=16, max_prompt_len=64, max_output_len=32).apply(
-        open_trace("azure-conv"))
-    config = SchedulerConfig(policy="chunked", num_blocks=64, block_size=16, max_num_seqs=8,
-                             token_budget=64, max_model_len=128)
-    outputs, schedulers = [], []
-    for speculative in (None, FIRST_LAYER):
-        requests = requests_from_trace(trace)
-        measured_run(requests, replace(config, speculative=speculative), tiny_model,
-                     on_scheduler=schedulers.append)
-        outputs.append({r.request_id: r.output_token_ids for r in requests})
+    outputs, schedulers = bundled_greedy_runs(tiny_model, (None, FIRST_LAYER))
     assert outputs[0] == outputs[1]
     assert schedulers[1].speculator.num_accepted_tokens > 0
 
