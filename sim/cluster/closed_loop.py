@@ -213,7 +213,7 @@ class _ClosedReplay(_Replay):
         if due_s > env.now:
             yield env.timeout(due_s - env.now)
         heapq.heappop(self.due)  # releases land in time order: this one is the earliest
-        added = self.engine.add(request)
+        added = self.engine.add(request, env.now)
         self.arrived += 1
         self._set_next_arrival()
         if not added:  # rejected at once: what waited for it goes now

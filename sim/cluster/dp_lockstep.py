@@ -62,11 +62,13 @@ class _Arrivals:
     def next_s(self) -> float | None:
         return self.heap[0][0] if self.heap else None
 
-    def due(self, now: float) -> list[Request]:
-        """The requests released by `now`, in release order."""
+    def due(self, now: float) -> list[tuple[float, Request]]:
+        """The requests released by `now` and when each reached the scheduler, in release
+        order."""
         out = []
         while self.heap and self.heap[0][0] <= now:
-            out.append(heapq.heappop(self.heap)[2])
+            at_s, _, request = heapq.heappop(self.heap)
+            out.append((at_s, request))
         return out
 
 
@@ -78,8 +80,10 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
     arrivals, now = _Arrivals(requests, loop, request_overhead_s(model)), 0.0
     try:
         while True:
-            for request in arrivals.due(now):
-                if not _least_loaded(engines).add(request):  # rejected: what waited goes
+            # (a request that came during the step just ended came while a step ran: an
+            # engine that schedules ahead holds it one step, sim.engine.step.Engine.held)
+            for at_s, request in arrivals.due(now):
+                if not _least_loaded(engines).add(request, at_s):  # rejected: what waited goes
                     arrivals.answered(request, now)
             plans = [engine.schedule(now) for engine in engines]
             if all(plan is None for plan in plans):
@@ -98,6 +102,8 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                         arrivals.answered(request, now + result.duration_s if end_s is None
                                           else end_s)
             now += result.duration_s
+            for engine in engines:
+                engine.busy_until = now
     finally:
         if loop is not None:
             loop.restore_unreleased()
@@ -108,4 +114,5 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
 
 
 def _least_loaded(engines: Sequence[Engine]) -> Engine:
-    return min(engines, key=lambda e: 4 * len(e.scheduler.waiting) + len(e.scheduler.running))
+    return min(engines, key=lambda e: 4 * (len(e.scheduler.waiting) + len(e.held))
+               + len(e.scheduler.running))

@@ -112,8 +112,8 @@ class _Cluster:
         pools = range(len(engines))
         self.entry = list(pools[:config.num_prefill]) if config.disaggregated else list(pools)
         self.decode = list(pools[config.num_prefill:]) if config.disaggregated else []
-        self.schedulers = {id(pool): [engines[i].scheduler for i in pool]
-                           for pool in (self.entry, self.decode)}
+        self.pool_engines = {id(pool): [engines[i] for i in pool]
+                             for pool in (self.entry, self.decode)}
         self.links = {i: simpy.Resource(env, capacity=1) for i in pools[:config.num_prefill]}
         for i in self.links:  # a prompt's KV stays on its prefill engine until it is sent
             engines[i].scheduler.keep_finished_kv = True
@@ -154,18 +154,20 @@ class _Cluster:
             queued = self.queued  # (co-located: the pool is every engine, in order)
             return pool[router.least_queued(queued if len(pool) == len(queued)
                                             else [queued[i] for i in pool])]
-        schedulers = self.schedulers[id(pool)]
+        engines = self.pool_engines[id(pool)]
         if router.needs_kv:  # fast-forward runs show their blocks as of now
             for run in self.runs:
                 if run is not None:
                     run.apply(self.env.now)
+        # (a request an engine holds for its step after next waits there too)
         if router.needs_prefix:
-            loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage,
-                                 len(s.block_manager.cached_prefix(request))
-                                 * s.block_manager.block_size) for s in schedulers]
+            loads = [ReplicaLoad(len(e.scheduler.running), len(e.scheduler.waiting) + len(e.held),
+                                 e.scheduler.block_manager.usage,
+                                 len(e.scheduler.block_manager.cached_prefix(request))
+                                 * e.scheduler.block_manager.block_size) for e in engines]
         else:
-            loads = [ReplicaLoad(len(s.running), len(s.waiting), s.block_manager.usage)
-                     for s in schedulers]
+            loads = [ReplicaLoad(len(e.scheduler.running), len(e.scheduler.waiting) + len(e.held),
+                                 e.scheduler.block_manager.usage) for e in engines]
         return pool[router.choose(request.prompt_len, loads)]
 
     def _add(self, index: int, request: Request) -> bool:
@@ -174,8 +176,8 @@ class _Cluster:
         if run is not None:  # its steps up to now are recorded with the queue they had
             run.apply(self.env.now)
         engine = self.engines[index]
-        added = engine.add(request)
-        self.queued[index] = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+        added = engine.add(request, self.env.now)
+        self.queued[index] = _queued(engine)
         if not added:
             return False
         if run is not None:  # the next step admits it: the run ends with the one in progress
@@ -219,7 +221,6 @@ class _Cluster:
 
     def stepping(self, index: int):
         env, engine, queued = self.env, self.engines[index], self.queued
-        scheduler = engine.scheduler
         prefill = self.config.disaggregated and index < self.config.num_prefill
         # The engine's clock (SimPy's may be a rounding off after a fast-forward run).
         now = end_s = env.now
@@ -241,11 +242,11 @@ class _Cluster:
                     yield timeout(run.ends[-1] - env.now)
                 self.runs[index] = self.run_ends[index] = None
                 run.finish()
-                queued[index] = len(scheduler.running) + len(scheduler.waiting)
+                queued[index] = _queued(engine)
                 now = run.ends[-1]
                 continue
             finished = yield from engine.step(now, wait)
-            queued[index] = len(scheduler.running) + len(scheduler.waiting)
+            queued[index] = _queued(engine)
             if finished is None:  # idle: sleep until a request is routed here
                 self.wake[index] = env.event()
                 yield self.wake[index]
@@ -316,3 +317,9 @@ def _copy_finish(source: Request, target: Request) -> None:
     target.finish_reason = source.finish_reason
     target.finish_detail = source.finish_detail
     target.finish_s = source.finish_s
+
+
+def _queued(engine: Engine) -> int:
+    """An engine's requests running, waiting or held (least-requests' count)."""
+    scheduler = engine.scheduler
+    return len(scheduler.running) + len(scheduler.waiting) + len(engine.held)

@@ -86,6 +86,8 @@ class GpuCostModel(LayerCost):
                              "when the model is built")
         self.engine = engine
         self._overlapped = engine.overlapped
+        # SchedulesAhead: an async host plans step n+1 while the GPU runs step n.
+        self.schedules_ahead = engine.overlapped
         self.request_overhead_s = engine.request_s  # HasRequestOverhead: TTFT, once
         # Rows' sampling and host time by row count (cleared: the host terms changed).
         self._row_cache: dict[int, tuple[float, float]] = {}

@@ -238,6 +238,20 @@ class HasRowKnots(Protocol):
     row_knots: tuple[int, ...]
 
 
+@runtime_checkable
+class SchedulesAhead(Protocol):
+    """An engine that schedules step n+1 while the GPU runs step n (vLLM's async
+    scheduling): a request that reaches it during a step misses the step already scheduled
+    and joins the one after (sim.engine.step.Engine.add). Default: False."""
+
+    schedules_ahead: bool
+
+
+def schedules_ahead(backend: Backend) -> bool:
+    """Whether the backend's engine schedules one step ahead (SchedulesAhead)."""
+    return backend.schedules_ahead if isinstance(backend, SchedulesAhead) else False
+
+
 def reads_rows(backend: Backend) -> bool:
     """Whether the backend reads a plan's rows (ReadsRows)."""
     return backend.reads_rows if isinstance(backend, ReadsRows) else True

@@ -79,13 +79,17 @@ class FastForwardRun:
         """The fast-forwarded steps the engine has from start_s on (its next step's start),
         up to the one in progress at `until` if any is; None when it has fewer than two
         (one is no cheaper priced alone), or fast-forwards nothing (Engine.start_fast_forward)
-        or has a request waiting."""
+        or has a request waiting or held."""
         scheduler = engine.scheduler
         rows = scheduler.fast_forward
-        if rows is None or scheduler.waiting:
+        if rows is None or scheduler.waiting or engine.held:
             return None
         num_steps = rows.steps_ahead(MAX_RUN_STEPS)
-        return cls(engine, rows, start_s, num_steps, on_step, until) if num_steps > 1 else None
+        if num_steps < 2:
+            return None
+        run = cls(engine, rows, start_s, num_steps, on_step, until)
+        engine.busy_until = run.end_s  # a request arriving within it comes mid-step
+        return run
 
     @property
     def end_s(self) -> float:
@@ -109,6 +113,7 @@ class FastForwardRun:
     def cut(self, now: float) -> None:
         """A request joins the engine at `now`: the run stops with the step in progress."""
         del self.ends[bisect.bisect_left(self.ends, now) + 1:]
+        self.engine.busy_until = self.ends[-1]
 
     def finish(self) -> None:
         """Apply every step of the run (at its end)."""

@@ -9,11 +9,20 @@ steps of a fast-forward run, priced at once, are recorded as the run applies the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.engine.core import Backend, BatchPlan, PricesDecodeRuns, Request, StepResult, reads_rows
+from sim.engine.core import (
+    Backend,
+    BatchPlan,
+    PricesDecodeRuns,
+    Request,
+    StepResult,
+    reads_rows,
+    schedules_ahead,
+)
 from sim.engine.scheduler import Scheduler
 from sim.engine.step_log import StepLog, pack
 
@@ -37,18 +46,47 @@ class Engine:
     # The backend's PricesDecodeRuns.decode_steps_s, None without it (fast-forward runs
     # price their steps with it: resolved once, not per run).
     decode_run_price: Callable[[int, int, int], list[float]] | None = field(init=False)
+    # An engine that schedules ahead (sim.engine.core.SchedulesAhead: vLLM's async
+    # scheduling) planned the step after the one in flight when that one started: a request
+    # that arrives during a step waits here, [request, steps still to skip], and joins the
+    # scheduler for the step after next, or as soon as the scheduler has nothing else to run
+    # (its planned step was empty).
+    held: list[list] = field(init=False, default_factory=list)
+    busy_until: float = field(init=False, default=-math.inf)  # end of the step in flight
 
     def __post_init__(self) -> None:
         backend = self.backend
         self.decode_run_price = (backend.decode_steps_s
                                  if isinstance(backend, PricesDecodeRuns) else None)
 
-    def add(self, request: Request) -> bool:
-        """Queue a request; False if it was rejected (it can never fit)."""
-        return self.scheduler.add(request)
+    def add(self, request: Request, now: float | None = None) -> bool:
+        """Queue a request that arrives at `now` (None: at once, as a wall-clock engine
+        does); False if it was rejected (it can never fit). An engine that schedules ahead
+        holds one that arrives while a step runs (see `held`)."""
+        scheduler = self.scheduler
+        if (now is None or now >= self.busy_until or not schedules_ahead(self.backend)
+                or scheduler.config.never_fits(request.prompt_len + request.max_new_tokens)):
+            return scheduler.add(request)
+        self.held.append([request, 1])
+        return True
+
+    def _release_held(self) -> None:
+        """Hand the scheduler the held requests whose step has come (see `held`)."""
+        scheduler = self.scheduler
+        idle = not scheduler.running and not scheduler.waiting
+        kept = []
+        for entry in self.held:
+            if idle or not entry[1]:
+                scheduler.add(entry[0])
+            else:
+                entry[1] -= 1
+                kept.append(entry)
+        self.held = kept
 
     def schedule(self, now: float) -> BatchPlan | None:
         """The next step's plan, scheduled at `now`; None when there is nothing to run."""
+        if self.held:
+            self._release_held()
         plan = self.scheduler.schedule(now)
         # plan.is_empty, inlined (once per step); a step that only swaps KV out still runs.
         if (not plan.requests and not plan.unlisted_decodes and not plan.padding
@@ -76,6 +114,7 @@ class Engine:
         if plan is None:
             return None
         result = self.backend.execute(plan)
+        self.busy_until = now + result.duration_s
         event = wait(now, result.duration_s)
         if event is not None:
             yield event

@@ -143,7 +143,7 @@ class _Replay:
             delay = request.arrival_s + self.delay_s - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            self.engine.add(request)
+            self.engine.add(request, env.now)
             self.arrived += 1
             self._set_next_arrival()
             if self.wake:
