@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from sim.cost.calibrated import CalibratedCostModel
+from sim.cost.calibrated import CalibratedCostModel, feature_names
 from sim.cost.gpu_cost import GpuCostModel, gpu_cost_backend
 from sim.cost.kernel_cost import KernelCostModel, kernel_cost_backend
 from sim.cost.roofline import AnalyticCostModel
@@ -97,14 +97,67 @@ def drafter_cost(config: SpeculativeConfig, target: TargetPricing) -> DrafterCos
                 f"draft_cost_model {config.draft_cost_model}: {error}") from None
         return DrafterCost(model, f"calibration {config.draft_cost_model}")
     cost = target.cost_model
+    if isinstance(cost, CalibratedCostModel):
+        return calibrated_drafter(config, cost)
     if target.hardware is None or not isinstance(cost, (GpuCostModel, AnalyticCostModel)):
         raise DrafterCostError(
-            f"speculative method {config.method!r} on a calibrated cost model: the drafter's "
-            "steps need their own calibration; add \"draft_cost_model\": FILE (servelab "
+            f"speculative method {config.method!r} on this cost model: the drafter's steps "
+            "need their own calibration; add \"draft_cost_model\": FILE (servelab "
             "calibrate --model DRAFTER --out FILE) to --speculative-config")
     spec = drafter_spec(config, target.model)
     return DrafterCost(_priced_like(cost, spec, target), f"{spec.name}, {spec.num_layers} "
                        f"layers, priced by {type(cost).__name__}")
+
+
+def calibrated_drafter(config: SpeculativeConfig, cost: CalibratedCostModel) -> DrafterCost:
+    """A drafter of the target's shape on an executor calibration: its passes priced from
+    the calibration's `drafter_passes` (the executor's drafter profiled with the target's
+    first layer and with all its layers), linear in the drafter's layers between them."""
+    record = cost.meta.get("drafter_passes")
+    if not record:
+        raise DrafterCostError(
+            f"speculative method {config.method!r}: this calibration has no drafter passes "
+            "(calibrated before `servelab calibrate` profiled them); calibrate again, or add "
+            "\"draft_cost_model\": FILE (the drafter's own calibration)")
+    depth = _drafter_depth(config, str(cost.meta.get("model")), int(record["target_layers"]))
+    model = pass_model(record, depth)
+    return DrafterCost(model, f"{depth} of the target's {record['target_layers']} layers, "
+                              "priced by the calibration's drafter passes")
+
+
+def pass_model(record: dict, depth: int) -> CalibratedCostModel:
+    """One drafter pass of `depth` layers: the pass fits of one layer and of the target's
+    layers (a calibration's drafter_passes) weighed linearly in layers, so their difference
+    is what the layers cost and the rest (inputs, embedding, LM head, argmax) is fixed."""
+    knots = tuple(int(k) for k in record["row_knots"])
+    depths = sorted(int(n) for n in record["layers"])
+    low, high = record["layers"][str(depths[0])], record["layers"][str(depths[-1])]
+    share = (depth - depths[0]) / (depths[-1] - depths[0]) if depths[-1] > depths[0] else 0.0
+    coefficients = tuple(max(0.0, low[name] + (high[name] - low[name]) * share)
+                         for name in feature_names(knots))
+    return CalibratedCostModel(coefficients, knots)
+
+
+def _drafter_depth(config: SpeculativeConfig, target_name: str, target_layers: int) -> int:
+    """The drafter's layers, for a drafter of the calibrated target's width: draft_num_layers,
+    one for an EAGLE or MTP head, or a named draft model's if its shape is the target's."""
+    if config.method != "draft_model":
+        return 1
+    if config.draft_num_layers is not None:
+        if config.draft_num_layers > target_layers:
+            raise DrafterCostError(f"draft_num_layers {config.draft_num_layers}: the "
+                                   f"calibrated target has {target_layers} layers")
+        return config.draft_num_layers
+    try:
+        drafter, target = resolve_model(str(config.model)), resolve_model(target_name)
+    except (ValueError, KeyError, OSError) as error:
+        raise DrafterCostError(f"draft model {config.model!r} on a calibration: {error}; add "
+                               "\"draft_cost_model\": FILE (its own calibration)") from None
+    if replace(drafter, name=target.name, num_layers=target.num_layers) != target:
+        raise DrafterCostError(
+            f"draft model {config.model!r} is not the calibrated {target_name}'s shape "
+            "with other layers; add \"draft_cost_model\": FILE (its own calibration)")
+    return drafter.num_layers
 
 
 def _priced_like(cost: Backend, spec: ModelSpec, target: TargetPricing) -> PricesPlans:
