@@ -90,11 +90,18 @@ def measured(trace: Trace, config: SchedulerConfig, loaded: LoadedModel, seed: i
     requests = requests_from_trace(trace, SamplingParams(seed=seed), seed_requests=True)
     schedulers: list[Scheduler] = []
     result = measured_run(requests, config, loaded.model, seed, loop=closed_loop(trace, requests),
-                          on_scheduler=schedulers.append)
+                          on_scheduler=lambda s: schedulers.append(_recording(s)))
     summary = summarize(result)
     if config.speculative is not None:
         summary.update(speculation_summary(schedulers[0].speculator, summary, summary))
     return summary
+
+
+def _recording(scheduler: Scheduler) -> Scheduler:
+    """The scheduler, its speculation (if on) keeping each request's counters."""
+    if scheduler.speculator is not None:
+        scheduler.speculator.record_requests = True
+    return scheduler
 
 
 def simulated(trace: Trace, config: SchedulerConfig, record: dict, method: str,

@@ -53,6 +53,9 @@ class Speculator:
         # A recorded run's acceptance, per request id and in total (for requests it lacks).
         self._recorded = recorded.lookup() if recorded is not None else None
         self._recorded_total = recorded.total if recorded is not None else None
+        # Each request's counters, kept only when asked (a run that records them): a server
+        # that runs for days would otherwise keep one entry per request it ever served.
+        self.record_requests = False
         self._per_request: dict[str, _Counts] = {}
         # vLLM's spec-decode counters: verifying rows, proposals, accepted proposals, and
         # accepted proposals by position.
@@ -151,7 +154,8 @@ class Speculator:
 
     def _undrafted(self, request: Request) -> None:
         self.num_undrafted += 1
-        self._counts(request.request_id).num_decodes += 1
+        if self.record_requests:
+            self._counts(request.request_id).num_decodes += 1
 
     def _counts(self, request_id: str) -> _Counts:
         counts = self._per_request.get(request_id)
@@ -160,11 +164,12 @@ class Speculator:
         return counts
 
     def _count(self, request_id: str, k: int, accepted: int) -> None:
-        counts = self._counts(request_id)
-        counts.num_decodes += 1
-        counts.num_drafts += 1
-        for i in range(accepted):
-            counts.accepted_per_pos[i] += 1
+        if self.record_requests:
+            counts = self._counts(request_id)
+            counts.num_decodes += 1
+            counts.num_drafts += 1
+            for i in range(accepted):
+                counts.accepted_per_pos[i] += 1
         self.num_drafts += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += accepted
@@ -172,8 +177,8 @@ class Speculator:
             self.accepted_per_pos[i] += 1
 
     def per_request(self) -> dict[str, dict]:
-        """Each request's counters (acceptance.RequestCounts records), by request id: what a
-        simulation calibrated from this run draws each request's acceptance from."""
+        """Each request's counters (acceptance.RequestCounts records), by request id, if
+        record_requests was on: what a simulation calibrated from this run draws from."""
         return {rid: RequestCounts(c.num_decodes, c.num_drafts,
                                    tuple(c.accepted_per_pos)).as_record()
                 for rid, c in sorted(self._per_request.items())}

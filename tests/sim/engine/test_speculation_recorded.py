@@ -31,6 +31,7 @@ def _record(tmp_path, per_request: dict) -> str:
 def _simulate(config: SpeculativeConfig, ids: list[str]) -> dict[str, dict]:
     requests = [Request(rid, 0.0, 8, 40) for rid in ids]
     scheduler = Scheduler(SchedulerConfig(speculative=config))
+    scheduler.speculator.record_requests = True
     run_trace(requests, Engine(scheduler, ConstantBackend(0.01)))
     assert all(r.num_output_tokens == 40 for r in requests)
     return scheduler.speculator.per_request()
@@ -82,3 +83,10 @@ def test_a_run_without_per_request_counters_gives_average_rates(tmp_path):
 def test_bad_per_request_counters_are_named(tmp_path, entry, match):
     with pytest.raises(SpeculativeConfigError, match=match):
         SpeculativeConfig.from_json(_record(tmp_path, {"r": entry}))
+
+
+def test_per_request_counters_are_kept_only_when_asked(tmp_path):
+    config = SpeculativeConfig.from_json(_record(tmp_path, {"a": _counts(10, 6, [4, 2])}))
+    scheduler = Scheduler(SchedulerConfig(speculative=config))
+    run_trace([Request("a", 0.0, 8, 40)], Engine(scheduler, ConstantBackend(0.01)))
+    assert scheduler.speculator.num_drafts > 0 and scheduler.speculator.per_request() == {}
