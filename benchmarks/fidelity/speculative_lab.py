@@ -85,13 +85,35 @@ def calibrate(loaded: LoadedModel, args: argparse.Namespace) -> CalibratedCostMo
     return replace(fit.model, meta={"model": loaded.name, "drafter_passes": passes})
 
 
-def measured(trace: Trace, config: SchedulerConfig, loaded: LoadedModel, seed: int) -> dict:
-    """One measured run's summary; with speculation, its counters and per-request record."""
+class PricedSteps(list):
+    """A run's step log that prices each step as it is logged: the executor logs a step
+    after running it and before the scheduler applies it, so the plan's requests are as the
+    step saw them (a cost model that reads rows, the drafter's KV mirror, needs that)."""
+
+    def __init__(self, pricing: Backend) -> None:
+        super().__init__()
+        self.pricing = pricing
+        self.measured_s = 0.0
+        self.priced_s = 0.0
+
+    def append(self, step: tuple) -> None:
+        plan, seconds = step
+        self.measured_s += seconds
+        self.priced_s += self.pricing.execute(plan).duration_s
+
+
+def measured(trace: Trace, config: SchedulerConfig, loaded: LoadedModel, seed: int,
+             pricing: Backend) -> dict:
+    """One measured run's summary, with the sum of its steps priced by `pricing` over their
+    measured sum; with speculation, its counters and per-request record."""
     requests = requests_from_trace(trace, SamplingParams(seed=seed), seed_requests=True)
     schedulers: list[Scheduler] = []
-    result = measured_run(requests, config, loaded.model, seed, loop=closed_loop(trace, requests),
+    steps = PricedSteps(pricing)
+    result = measured_run(requests, config, loaded.model, seed, step_log=steps,
+                          loop=closed_loop(trace, requests),
                           on_scheduler=lambda s: schedulers.append(_recording(s)))
     summary = summarize(result)
+    summary["steps_priced_over_measured"] = steps.priced_s / steps.measured_s
     if config.speculative is not None:
         summary.update(speculation_summary(schedulers[0].speculator, summary, summary))
     return summary
@@ -123,13 +145,20 @@ def simulated(trace: Trace, config: SchedulerConfig, record: dict, method: str,
 def _simulate_speculative(trace: Trace, config: SchedulerConfig, spec: SpeculativeConfig,
                           cost: CalibratedCostModel) -> dict:
     """The summary of the speculative simulation (a drafter priced from the calibration)."""
-    backend: Backend = SpeculativeCostModel(cost)
-    if spec.method in DRAFTER_METHODS:
-        target = TargetPricing(cost, resolve_model(cost.meta["model"]), None)
-        backend = SpeculativeCostModel(cost, drafter_cost(spec, target))
-        spec = replace(spec, drafter_priced=True)
+    backend, spec = speculative_pricing(spec, cost)
     return simulate_policy(trace, replace(config, speculative=spec), backend, None,
                            False).summary
+
+
+def speculative_pricing(spec: SpeculativeConfig, cost: CalibratedCostModel
+                        ) -> tuple[Backend, SpeculativeConfig]:
+    """What prices a speculative run on the calibration (as `servelab simulate` composes
+    it): the verify floor, and a drafter's passes from the calibration's drafter passes."""
+    if spec.method not in DRAFTER_METHODS:
+        return SpeculativeCostModel(cost), spec
+    target = TargetPricing(cost, resolve_model(cost.meta["model"]), None)
+    return (SpeculativeCostModel(cost, drafter_cost(spec, target)),
+            replace(spec, drafter_priced=True))
 
 
 def run_level(args: argparse.Namespace, loaded: LoadedModel, cost: CalibratedCostModel,
@@ -144,10 +173,11 @@ def run_level(args: argparse.Namespace, loaded: LoadedModel, cost: CalibratedCos
     specs = {m: SpeculativeConfig.from_json(json.dumps(METHODS[m])) for m in methods}
     level = Level(scale, len(trace) / trace.span_s, [], {m: [] for m in methods}, {})
     for _ in range(args.pairs):
-        level.plain.append(measured(trace, config, loaded, args.seed))
+        level.plain.append(measured(trace, config, loaded, args.seed, cost))
         for m in methods:
             level.spec[m].append(measured(trace, replace(config, speculative=specs[m]),
-                                          loaded, args.seed))
+                                          loaded, args.seed,
+                                          speculative_pricing(specs[m], cost)[0]))
     for m in methods:
         level.simulated[m] = simulated(trace, config, level.spec[m][0], m, cost, workdir)
     return level
@@ -197,9 +227,18 @@ def report(levels: list[Level], method: str) -> None:
               f"{sim['spec_throughput_speedup'] / np.median(thr):>8.3f} | "
               f"{plain_ms:>23.3f}, {spec_ms:.3f} {sim['plain_tpot_ms']:>5.3f}, "
               f"{sim['spec_tpot_ms']:.3f}")
+    steps = ", ".join(
+        f"x{level.qps_scale:g} {_median(level.plain, 'steps_priced_over_measured'):.2f} / "
+        f"{_median(level.spec[method], 'steps_priced_over_measured'):.2f}" for level in levels)
+    print(f"steps priced / measured, summed over a run (median of runs), plain / {method}: "
+          f"{steps}")
     rates = [level.request_rate for level in levels]
     print(f"stops paying (TPOT): measured {crossover(rates, tpot_med)}, simulated "
           f"{crossover(rates, tpot_sim)}")
+
+
+def _median(summaries: list[dict], key: str) -> float:
+    return float(np.median([s[key] for s in summaries]))
 
 
 def _spread(values: np.ndarray, digits: int = 2) -> str:
