@@ -25,7 +25,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +70,8 @@ class Level:
     plain: list[dict]  # measured plain summaries, one per pair
     spec: dict[str, list[dict]]  # method -> measured speculative summaries (with counters)
     simulated: dict[str, dict[str, float]]  # method -> simulated speedups
+    # "plain" or method -> one more measured run's steps, priced sum / measured sum
+    steps_priced: dict[str, float] = field(default_factory=dict)
 
 
 def calibrate(loaded: LoadedModel, args: argparse.Namespace) -> CalibratedCostModel:
@@ -103,17 +105,19 @@ class PricedSteps(list):
 
 
 def measured(trace: Trace, config: SchedulerConfig, loaded: LoadedModel, seed: int,
-             pricing: Backend) -> dict:
-    """One measured run's summary, with the sum of its steps priced by `pricing` over their
-    measured sum; with speculation, its counters and per-request record."""
+             pricing: Backend | None = None) -> dict:
+    """One measured run's summary; with speculation, its counters and per-request record;
+    with `pricing`, its steps' priced sum over their measured sum (pricing between steps
+    touches memory a step would find in cache, so the runs that measure speedups do not)."""
     requests = requests_from_trace(trace, SamplingParams(seed=seed), seed_requests=True)
     schedulers: list[Scheduler] = []
-    steps = PricedSteps(pricing)
+    steps = None if pricing is None else PricedSteps(pricing)
     result = measured_run(requests, config, loaded.model, seed, step_log=steps,
                           loop=closed_loop(trace, requests),
                           on_scheduler=lambda s: schedulers.append(_recording(s)))
     summary = summarize(result)
-    summary["steps_priced_over_measured"] = steps.priced_s / steps.measured_s
+    if steps is not None:
+        summary["steps_priced_over_measured"] = steps.priced_s / steps.measured_s
     if config.speculative is not None:
         summary.update(speculation_summary(schedulers[0].speculator, summary, summary))
     return summary
@@ -173,11 +177,17 @@ def run_level(args: argparse.Namespace, loaded: LoadedModel, cost: CalibratedCos
     specs = {m: SpeculativeConfig.from_json(json.dumps(METHODS[m])) for m in methods}
     level = Level(scale, len(trace) / trace.span_s, [], {m: [] for m in methods}, {})
     for _ in range(args.pairs):
-        level.plain.append(measured(trace, config, loaded, args.seed, cost))
+        level.plain.append(measured(trace, config, loaded, args.seed))
         for m in methods:
             level.spec[m].append(measured(trace, replace(config, speculative=specs[m]),
-                                          loaded, args.seed,
-                                          speculative_pricing(specs[m], cost)[0]))
+                                          loaded, args.seed))
+    # One more run of each, its steps priced as they run (not in the speedups).
+    level.steps_priced["plain"] = measured(trace, config, loaded, args.seed, cost)[
+        "steps_priced_over_measured"]
+    for m in methods:
+        level.steps_priced[m] = measured(
+            trace, replace(config, speculative=specs[m]), loaded, args.seed,
+            speculative_pricing(specs[m], cost)[0])["steps_priced_over_measured"]
     for m in methods:
         level.simulated[m] = simulated(trace, config, level.spec[m][0], m, cost, workdir)
     return level
@@ -227,18 +237,12 @@ def report(levels: list[Level], method: str) -> None:
               f"{sim['spec_throughput_speedup'] / np.median(thr):>8.3f} | "
               f"{plain_ms:>23.3f}, {spec_ms:.3f} {sim['plain_tpot_ms']:>5.3f}, "
               f"{sim['spec_tpot_ms']:.3f}")
-    steps = ", ".join(
-        f"x{level.qps_scale:g} {_median(level.plain, 'steps_priced_over_measured'):.2f} / "
-        f"{_median(level.spec[method], 'steps_priced_over_measured'):.2f}" for level in levels)
-    print(f"steps priced / measured, summed over a run (median of runs), plain / {method}: "
-          f"{steps}")
+    steps = ", ".join(f"x{level.qps_scale:g} {level.steps_priced['plain']:.2f} / "
+                      f"{level.steps_priced[method]:.2f}" for level in levels)
+    print(f"steps priced / measured, summed over one more run, plain / {method}: {steps}")
     rates = [level.request_rate for level in levels]
     print(f"stops paying (TPOT): measured {crossover(rates, tpot_med)}, simulated "
           f"{crossover(rates, tpot_sim)}")
-
-
-def _median(summaries: list[dict], key: str) -> float:
-    return float(np.median([s[key] for s in summaries]))
 
 
 def _spread(values: np.ndarray, digits: int = 2) -> str:
