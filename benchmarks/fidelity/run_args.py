@@ -25,12 +25,16 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def trace_and_model(args: argparse.Namespace) -> tuple[Trace, LoadedModel]:
-    """The transformed trace and the loaded model the flags name."""
+def trace_from_args(args: argparse.Namespace) -> Trace:
+    """The transformed trace the flags name."""
     transforms = TraceTransforms(
         max_requests=args.max_requests, qps_scale=args.qps_scale,
         length_scale=args.length_scale, prompt_scale=args.prompt_scale,
         output_scale=args.output_scale, max_prompt_len=args.max_prompt_len,
         max_output_len=args.max_output_len)
-    trace = transforms.apply(open_trace(args.trace, None, args.seed))
-    return trace, load(args.model, threads=args.threads, seed=args.seed)
+    return transforms.apply(open_trace(args.trace, None, args.seed))
+
+
+def trace_and_model(args: argparse.Namespace) -> tuple[Trace, LoadedModel]:
+    """The transformed trace and the loaded model the flags name."""
+    return trace_from_args(args), load(args.model, threads=args.threads, seed=args.seed)

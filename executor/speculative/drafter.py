@@ -11,6 +11,7 @@ distribution q with a generator of their own seed stream, and keep q for rejecti
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,10 +64,14 @@ class DraftModel:
         self._views: dict[str, Request] = {}
         # Sampling rows' proposal distributions of the last propose: request_id -> [k, vocab].
         self.proposal_probs: dict[str, torch.Tensor] = {}
+        # perf_counter seconds at the start of the last propose and at the end of each of its
+        # passes: pass 1 includes matching each row's KV, later passes are one token a row.
+        self.pass_marks_s: list[float] = []
 
     def propose(self, plan: BatchPlan) -> None:
         """Fill plan.spec_token_ids for every verifying row of the plan."""
         self.proposal_probs = {}
+        self.pass_marks_s = [time.perf_counter()]
         for rid in plan.preempted:
             self.free(rid)
         rows = [(r, plan.num_spec_tokens[r.request_id]) for r in plan.requests
@@ -90,6 +95,7 @@ class DraftModel:
                     probs[i].append(q)
                 views[i].prompt_token_ids.append(token)
                 views[i].num_computed_tokens = views[i].prompt_len + step
+            self.pass_marks_s.append(time.perf_counter())
         for i, (request, _) in enumerate(rows):
             plan.spec_token_ids[request.request_id] = drafts[i]
             if probs[i]:

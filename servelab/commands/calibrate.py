@@ -66,6 +66,7 @@ def _run(args: argparse.Namespace) -> int:
     backend, points, num_blocks, max_len = profile_backend(
         loaded, args.block_size, args.kv_cache_gib, args.max_model_len, args.quick)
     from executor.profile import measure
+    from executor.speculative.profile import profile_drafter_passes
 
     with tqdm(total=len(points) * (args.repeats + 1), unit="step", file=sys.stderr,
               leave=False, disable=None) as bar:
@@ -73,6 +74,9 @@ def _run(args: argparse.Namespace) -> int:
     fit = fit_profile(plans, times, row_knots=backend.row_knots)
     meta = calibration_meta(loaded, args.block_size, args.kv_cache_gib, num_blocks, max_len,
                             len(points), len(times))
+    # A draft model's passes, so a simulation can price one without its own calibration.
+    meta["drafter_passes"] = profile_drafter_passes(backend, max_len, args.max_num_seqs,
+                                                    seed=args.seed, quick=args.quick)
     save_calibration(fit, args.out, meta)
     print(f"profiled {len(points)} step shapes of {loaded.name} on {loaded.device} "
           f"({loaded.threads} threads, {loaded.kernels} kernels)")

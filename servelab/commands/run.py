@@ -99,9 +99,16 @@ def _measured(args, trace, sampling, config, loaded, schedulers: list[Scheduler]
     loop = closed_loop(trace, requests, open_loop=args.open_loop)  # as simulate sends it
     result = measured_run(requests, config, loaded.model, args.seed,
                           on_step=lambda _now, done: bar.update(len(done)), loop=loop,
-                          on_scheduler=schedulers.append)
+                          on_scheduler=lambda s: schedulers.append(_recording(s)))
     bar.close()
     return result
+
+
+def _recording(scheduler: Scheduler) -> Scheduler:
+    """The scheduler, its speculation (if on) keeping each request's counters for --json."""
+    if scheduler.speculator is not None:
+        scheduler.speculator.record_requests = True
+    return scheduler
 
 
 def _write_out(out_dir: Path, trace_name: str, policy: str, tables: RunTables) -> None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from sim.cost.calibrated import CalibratedCostModel
+from sim.cost.calibrated import CalibratedCostModel, feature_names
 from sim.cost.gpu_cost import GpuCostModel, gpu_cost_backend
 from sim.cost.kernel_cost import KernelCostModel, kernel_cost_backend
 from sim.cost.roofline import AnalyticCostModel
+from sim.engine.batch_plan import add_to_plan
 from sim.engine.core import (
     Backend,
     BatchPlan,
@@ -97,14 +98,70 @@ def drafter_cost(config: SpeculativeConfig, target: TargetPricing) -> DrafterCos
                 f"draft_cost_model {config.draft_cost_model}: {error}") from None
         return DrafterCost(model, f"calibration {config.draft_cost_model}")
     cost = target.cost_model
+    if isinstance(cost, CalibratedCostModel):
+        return calibrated_drafter(config, cost)
     if target.hardware is None or not isinstance(cost, (GpuCostModel, AnalyticCostModel)):
         raise DrafterCostError(
-            f"speculative method {config.method!r} on a calibrated cost model: the drafter's "
-            "steps need their own calibration; add \"draft_cost_model\": FILE (servelab "
+            f"speculative method {config.method!r} on this cost model: the drafter's steps "
+            "need their own calibration; add \"draft_cost_model\": FILE (servelab "
             "calibrate --model DRAFTER --out FILE) to --speculative-config")
     spec = drafter_spec(config, target.model)
     return DrafterCost(_priced_like(cost, spec, target), f"{spec.name}, {spec.num_layers} "
                        f"layers, priced by {type(cost).__name__}")
+
+
+def calibrated_drafter(config: SpeculativeConfig, cost: CalibratedCostModel) -> DrafterCost:
+    """A drafter of the target's shape on an executor calibration: its passes priced from
+    the calibration's `drafter_passes` (the executor's drafter profiled with the target's
+    first layer and with all its layers), linear in the drafter's layers between them."""
+    record = cost.meta.get("drafter_passes")
+    if not record:
+        raise DrafterCostError(
+            f"speculative method {config.method!r}: this calibration has no drafter passes "
+            "(calibrated before `servelab calibrate` profiled them); calibrate again, or add "
+            "\"draft_cost_model\": FILE (the drafter's own calibration)")
+    depth = _drafter_depth(config, str(cost.meta.get("model")), int(record["target_layers"]))
+    return DrafterCost(pass_model(record, depth, "first"),
+                       f"{depth} of the target's {record['target_layers']} layers, priced by "
+                       "the calibration's drafter passes", pass_model(record, depth, "later"),
+                       DrafterKv())
+
+
+def pass_model(record: dict, depth: int, which: str) -> CalibratedCostModel:
+    """A drafter pass of `depth` layers (`which`: "first" or "later"): the pass fits of one
+    layer and of the target's layers (a calibration's drafter_passes) weighed linearly in
+    layers, so their difference is what the layers cost and the rest (inputs, embedding, LM
+    head, argmax) is fixed."""
+    knots = tuple(int(k) for k in record["row_knots"])
+    depths = sorted(int(n) for n in record["layers"])
+    low = record["layers"][str(depths[0])][which]
+    high = record["layers"][str(depths[-1])][which]
+    share = (depth - depths[0]) / (depths[-1] - depths[0]) if depths[-1] > depths[0] else 0.0
+    coefficients = tuple(max(0.0, low[name] + (high[name] - low[name]) * share)
+                         for name in feature_names(knots))
+    return CalibratedCostModel(coefficients, knots)
+
+
+def _drafter_depth(config: SpeculativeConfig, target_name: str, target_layers: int) -> int:
+    """The drafter's layers, for a drafter of the calibrated target's width: draft_num_layers,
+    one for an EAGLE or MTP head, or a named draft model's if its shape is the target's."""
+    if config.method != "draft_model":
+        return 1
+    if config.draft_num_layers is not None:
+        if config.draft_num_layers > target_layers:
+            raise DrafterCostError(f"draft_num_layers {config.draft_num_layers}: the "
+                                   f"calibrated target has {target_layers} layers")
+        return config.draft_num_layers
+    try:
+        drafter, target = resolve_model(str(config.model)), resolve_model(target_name)
+    except (ValueError, KeyError, OSError) as error:
+        raise DrafterCostError(f"draft model {config.model!r} on a calibration: {error}; add "
+                               "\"draft_cost_model\": FILE (its own calibration)") from None
+    if replace(drafter, name=target.name, num_layers=target.num_layers) != target:
+        raise DrafterCostError(
+            f"draft model {config.model!r} is not the calibrated {target_name}'s shape "
+            "with other layers; add \"draft_cost_model\": FILE (its own calibration)")
+    return drafter.num_layers
 
 
 def _priced_like(cost: Backend, spec: ModelSpec, target: TargetPricing) -> PricesPlans:
@@ -123,25 +180,70 @@ def _priced_like(cost: Backend, spec: ModelSpec, target: TargetPricing) -> Price
     return AnalyticCostModel(spec, hw, target.dtype, tensor_parallel=tp, overhead_s=0.0)
 
 
+class DrafterKv:
+    """The executor's drafter KV, mirrored: per request, the positions it holds. The executor's
+    drafter computes no prompt chunk; at a row's first verify its pass 1 computes the whole
+    sequence, later the tokens past the prefix its KV still matches: through its accepted
+    proposals (their KV was computed when they were proposed), so one token, or two when
+    all k were accepted (the k-th proposal never got KV)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = {}
+
+    def first_pass(self, plan: BatchPlan) -> BatchPlan:
+        """Pass 1 as the executor's drafter runs it: each verifying row's tokens past its KV;
+        the KV then holds the row's sequence and its first k - 1 proposals."""
+        for request_id in plan.preempted:
+            self._held.pop(request_id, None)
+        out = BatchPlan()
+        for request in plan.requests:
+            k = plan.num_spec_tokens.get(request.request_id)
+            if k is None:
+                continue
+            length = request.num_tokens
+            held = min(self._held.get(request.request_id, 0), length - 1)
+            row = Request(request.request_id, 0.0, length, 1)
+            row.num_computed_tokens = held
+            add_to_plan(out, row, length - held)
+            self._held[request.request_id] = length + k - 1
+        return out
+
+    def forget(self, request_id: str) -> None:
+        """The request finished: its drafter KV is freed."""
+        self._held.pop(request_id, None)
+
+
 @dataclass(frozen=True)
 class DrafterCost:
     """Prices the drafter's passes of one step (see the module docstring)."""
 
-    model: PricesPlans
+    model: PricesPlans  # the drafter's pass 1 (and its later passes, unless `later`)
     description: str = ""  # what the drafter is and what prices it, for the summary
+    later: PricesPlans | None = None  # passes 2..k, where fitted apart from pass 1
+    # The executor's drafter (an executor calibration prices it): pass 1 computes each
+    # verifying row's tokens past its own KV, none of the plan's prompt chunks. None: vLLM's
+    # first pass over every token the target computes.
+    kv: DrafterKv | None = None
 
     def step_s(self, plan: BatchPlan) -> float:
         """Seconds the drafter adds to the step of `plan`."""
         spec = plan.num_spec_tokens
         if not plan.requests and not plan.unlisted_decodes:
             return 0.0
-        total = self.model.predict(first_pass(plan))
+        first = first_pass(plan) if self.kv is None else self.kv.first_pass(plan)
+        total = self.model.predict(first) if first.requests or first.unlisted_decodes else 0.0
+        later = self.model if self.later is None else self.later
         contexts = [(r.num_computed_tokens + 1, spec[r.request_id]) for r in plan.requests
                     if r.request_id in spec]
         for j in range(1, max((k for _, k in contexts), default=0)):
             rows = [ctx + j for ctx, k in contexts if k > j]  # proposal j + 1's KV length
-            total += self.model.predict(decode_plan(rows))
+            total += later.predict(decode_plan(rows))
         return total
+
+    def free(self, request: Request) -> None:
+        """Forget the request's drafter KV (an executor's drafter keeps one)."""
+        if self.kv is not None:
+            self.kv.forget(request.request_id)
 
 
 def first_pass(plan: BatchPlan) -> BatchPlan:
@@ -221,5 +323,7 @@ class SpeculativeCostModel:
         return StepResult(seconds)
 
     def free(self, request: Request) -> None:
-        """The target's per-request state; the floor and the drafter keep none."""
+        """The target's per-request state, and the drafter's."""
         self.target.free(request)
+        if self.drafter is not None:
+            self.drafter.free(request)

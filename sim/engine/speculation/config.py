@@ -7,13 +7,20 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from sim.engine.speculation.acceptance import (
+    AcceptanceRecordError,
+    RecordedAcceptance,
+    rates_from_run,
+    read_recorded,
+)
+
 # Methods the scheduler accepts; which of them a backend can run or price is its own check.
 METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 # Methods whose proposals come from a drafter's forward passes (not a lookup): a backend
 # runs them (the executor's draft model) or prices them (sim.cost.drafter).
 DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 # Fields that are not `--speculative-config` keys: set by the composition, never by JSON.
-_INTERNAL = ("drafter_priced",)
+_INTERNAL = ("drafter_priced", "recorded")
 
 
 class SpeculativeConfigError(ValueError):
@@ -43,6 +50,9 @@ class SpeculativeConfig:
     # Not a JSON key: set by a composition whose cost model adds the drafter's forward passes
     # to each step (sim.cost.drafter), without which a simulation refuses a drafter method.
     drafter_priced: bool = False
+    # Not a JSON key: set when acceptance_rates names a run that recorded acceptance per
+    # request; a simulation then draws each request at its own rates (acceptance.py).
+    recorded: RecordedAcceptance | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -99,7 +109,8 @@ class SpeculativeConfig:
                 f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}")
         rates = data.get("acceptance_rates")
         if isinstance(rates, str):  # a recorded run calibrates the simulation
-            rates = rates_from_run(Path(rates))
+            data["recorded"] = _recorded(Path(rates), data)
+            rates = _run_rates(Path(rates))
         if rates is not None:
             data["acceptance_rates"] = tuple(float(r) for r in rates)
         return cls(**data)
@@ -110,18 +121,16 @@ class SpeculativeConfig:
                 if f.name not in _INTERNAL}
 
 
-def rates_from_run(path: Path) -> list[float]:
-    """The per-decode acceptance rates a `servelab run --speculative-config --json` file
-    recorded (its one policy's `spec_acceptance_rates_per_decode`)."""
+def _run_rates(path: Path) -> list[float]:
     try:
-        results = json.loads(path.read_text())["results"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise SpeculativeConfigError(
-            f"acceptance_rates file {path}: not a run's --json output ({exc})") from None
-    found = [r["spec_acceptance_rates_per_decode"] for r in results.values()
-             if isinstance(r, dict) and "spec_acceptance_rates_per_decode" in r]
-    if len(found) != 1:
-        raise SpeculativeConfigError(
-            f"acceptance_rates file {path}: needs one result with "
-            f"spec_acceptance_rates_per_decode, found {len(found)}")
-    return found[0]
+        return rates_from_run(path)
+    except AcceptanceRecordError as exc:
+        raise SpeculativeConfigError(str(exc)) from None
+
+
+def _recorded(path: Path, data: dict[str, Any]) -> RecordedAcceptance | None:
+    k = data.get("num_speculative_tokens", SpeculativeConfig.num_speculative_tokens)
+    try:
+        return read_recorded(path, int(k))
+    except AcceptanceRecordError as exc:
+        raise SpeculativeConfigError(str(exc)) from None

@@ -16,9 +16,11 @@ def speedups(spec: dict, plain: dict) -> dict[str, float]:
             "spec_throughput_speedup": thr / plain_thr if thr and plain_thr else 0.0}
 
 
-def speculation_summary(speculator: Speculator, spec: dict, plain: dict) -> dict[str, float]:
-    """The counted acceptance rate and mean accepted length, and the speedups."""
-    return {**speculator.metrics(), **speedups(spec, plain)}
+def speculation_summary(speculator: Speculator, spec: dict, plain: dict) -> dict:
+    """The counted acceptance rate and mean accepted length, the speedups, and each
+    request's counters (`spec_per_request`, what a simulation calibrates from)."""
+    return {**speculator.metrics(), **speedups(spec, plain),
+            "spec_per_request": speculator.per_request()}
 
 
 def configured_summary(config: SpeculativeConfig, spec: dict, plain: dict) -> dict[str, float]:

@@ -15,10 +15,25 @@ from typing import NamedTuple
 
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request, RequestStatus, StepResult, token_seed
+from sim.engine.speculation.acceptance import RequestCounts
 from sim.engine.speculation.config import SpeculativeConfig
 from sim.engine.speculation.ngram import propose_ngram
 
 _SEED_SCALE = 2.0 ** -63  # token_seed gives 63 bits: a uniform in [0, 1)
+# Whether a recorded request's proposer finds proposals is drawn from a stream of its own,
+# so it does not correlate with how many are accepted.
+_DRAFT_SALT = 0x2545F4914F6CDD1D
+
+
+class _Counts:
+    """One request's counters as the run goes (RequestCounts once recorded)."""
+
+    __slots__ = ("num_decodes", "num_drafts", "accepted_per_pos")
+
+    def __init__(self, k: int) -> None:
+        self.num_decodes = 0
+        self.num_drafts = 0
+        self.accepted_per_pos = [0] * k
 
 
 class Draft(NamedTuple):
@@ -34,6 +49,14 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self._rates = config.acceptance_rates
+        recorded = config.recorded
+        # A recorded run's acceptance, per request id and in total (for requests it lacks).
+        self._recorded = recorded.lookup() if recorded is not None else None
+        self._recorded_total = recorded.total if recorded is not None else None
+        # Each request's counters, kept only when asked (a run that records them): a server
+        # that runs for days would otherwise keep one entry per request it ever served.
+        self.record_requests = False
+        self._per_request: dict[str, _Counts] = {}
         # vLLM's spec-decode counters: verifying rows, proposals, accepted proposals, and
         # accepted proposals by position.
         self.num_drafts = 0
@@ -55,25 +78,50 @@ class Speculator:
                 raise ValueError(f"speculative method {method!r}: this cost model does not "
                                  "price its drafter's forward passes (servelab simulate "
                                  "does); simulate ngram here")
+            if not self._draws_a_draft(request):
+                self._undrafted(request)
+                return Draft(0, ())
             return Draft(k, ())
         if method != "ngram":  # the backend's drafter fills in the k proposals' ids
             return Draft(k, ())
         ids = propose_ngram(request.token_ids(), k, self.config.prompt_lookup_min,
                             self.config.prompt_lookup_max)
         if not ids:
-            self.num_undrafted += 1
+            self._undrafted(request)
         return Draft(len(ids), tuple(ids))
 
+    def _recorded_counts(self, request: Request) -> RequestCounts | None:
+        """The recorded run's counters of this request (its totals if it lacks the request);
+        None without a record."""
+        if self._recorded is None:
+            return None
+        return self._recorded.get(request.request_id, self._recorded_total)
+
+    def _draws_a_draft(self, request: Request) -> bool:
+        """Simulation: whether the row's proposer finds proposals this step. Always without a
+        record (acceptance_rates then count every decoding row); with one, at the share of
+        the request's decoding rows that drafted in the recorded run, one uniform seeded by
+        the request and its output index."""
+        counts = self._recorded_counts(request)
+        if counts is None:
+            return True
+        u = token_seed(_request_seed(request) ^ _DRAFT_SALT,
+                       request.num_output_tokens) * _SEED_SCALE
+        return u < counts.draft_share
+
     def draw_accepted(self, request: Request, k: int) -> int:
-        """Simulation: accepted proposals of a k-proposal row, from the acceptance rates with
-        one uniform seeded by the request and its output index (batch-independent)."""
-        if not self._rates:
+        """Simulation: accepted proposals of a k-proposal row, one uniform seeded by the
+        request and its output index (batch-independent), against the acceptance rates: the
+        recorded run's rates of this request over its drafts if there is a record, else
+        acceptance_rates."""
+        counts = self._recorded_counts(request)
+        rates = self._rates if counts is None else counts.draft_rates
+        if not rates:
             raise ValueError("simulating speculative decoding needs acceptance_rates in "
                              "--speculative-config (no model verifies the proposals)")
-        seed = request.sampling.seed ^ zlib.crc32(request.request_id.encode())
-        u = token_seed(seed, request.num_output_tokens) * _SEED_SCALE
+        u = token_seed(_request_seed(request), request.num_output_tokens) * _SEED_SCALE
         accepted = 0
-        while accepted < k and u < self._rates[accepted]:
+        while accepted < k and u < rates[accepted]:
             accepted += 1
         return accepted
 
@@ -93,7 +141,7 @@ class Speculator:
                 accepted = _take_tokens(request, produced[request.request_id], sampled)
             request.token_times_s.extend([now] * accepted)
             request.num_computed_tokens -= k - accepted
-            self._count(k, accepted)
+            self._count(request.request_id, k, accepted)
 
     def release_lookahead(self, plan: BatchPlan, block_manager: BlockManager) -> None:
         """After the step's tokens: free the blocks a verified row took for proposals that
@@ -104,12 +152,36 @@ class Speculator:
                     and request.status is RequestStatus.RUNNING):
                 block_manager.shrink(request.request_id, request.num_computed_tokens)
 
-    def _count(self, k: int, accepted: int) -> None:
+    def _undrafted(self, request: Request) -> None:
+        self.num_undrafted += 1
+        if self.record_requests:
+            self._counts(request.request_id).num_decodes += 1
+
+    def _counts(self, request_id: str) -> _Counts:
+        counts = self._per_request.get(request_id)
+        if counts is None:
+            counts = self._per_request[request_id] = _Counts(self.config.num_speculative_tokens)
+        return counts
+
+    def _count(self, request_id: str, k: int, accepted: int) -> None:
+        if self.record_requests:
+            counts = self._counts(request_id)
+            counts.num_decodes += 1
+            counts.num_drafts += 1
+            for i in range(accepted):
+                counts.accepted_per_pos[i] += 1
         self.num_drafts += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += accepted
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
+
+    def per_request(self) -> dict[str, dict]:
+        """Each request's counters (acceptance.RequestCounts records), by request id, if
+        record_requests was on: what a simulation calibrated from this run draws from."""
+        return {rid: RequestCounts(c.num_decodes, c.num_drafts,
+                                   tuple(c.accepted_per_pos)).as_record()
+                for rid, c in sorted(self._per_request.items())}
 
     def metrics(self) -> dict[str, float | list[float]]:
         """Acceptance rate (accepted / proposed) and mean accepted length (tokens per
@@ -132,6 +204,11 @@ class Speculator:
                 n / (drafts + self.num_undrafted) if drafts else 0.0
                 for n in self.accepted_per_pos],
         }
+
+
+def _request_seed(request: Request) -> int:
+    """The request's own seed for acceptance draws (its sampling seed and its id)."""
+    return request.sampling.seed ^ zlib.crc32(request.request_id.encode())
 
 
 def _take_tokens(request: Request, tokens: list[int], sampled: dict[str, int]) -> int:

@@ -24,6 +24,11 @@ def test_run_reports_acceptance_and_speedup(tmp_path, capsys):
     assert result["spec_num_draft_tokens"] >= result["spec_num_accepted_tokens"]
     assert result["spec_tpot_speedup"] > 0 and result["spec_throughput_speedup"] > 0
     assert payload["config"]["scheduler"]["continuous"]["speculative"]["method"] == "ngram"
+    # each request's counters, which sum to the run's (a simulation calibrates from them)
+    per_request = result["spec_per_request"].values()
+    assert sum(r["num_drafts"] for r in per_request) == result["spec_num_drafts"]
+    assert [sum(r["accepted_per_pos"][i] for r in per_request) for i in range(4)] == [
+        round(rate * result["spec_num_drafts"]) for rate in result["spec_acceptance_rates"]]
 
 
 def test_run_rejects_a_bad_speculative_config(capsys):

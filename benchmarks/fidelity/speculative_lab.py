@@ -1,0 +1,281 @@
+"""Speculative decoding on the CPU lab, simulated against measured in one sitting: n-gram and a
+draft model (the target's first layer) at three load levels, on one trace and one scheduler.
+
+The model is calibrated once (its steps and its drafter's passes); then, at each level, plain
+and speculative measured runs alternate (plain, n-gram, draft model, plain, ...) for --pairs
+rounds, so a slow spell of a shared machine falls on all of them. Each pair gives a TPOT
+speedup (plain mean TPOT / speculative) and a throughput speedup (speculative output tokens/s /
+plain); their median and spread are the measurement and its noise floor. The simulator
+replays the same trace under the same scheduler config on the calibration, plain and
+speculative, with each request's acceptance drawn from that request's own counters in the
+first speculative run (`acceptance_rates` naming its record, as `servelab simulate` reads it).
+
+    python benchmarks/fidelity/speculative_lab.py --trace azure-conv
+
+prints the CPU, the calibration, and per method and level: the measured speedups (median,
+min-max over the pairs), the simulated ones, simulated / measured, the TPOT speedup simulated
+with every request at the run's average acceptance instead ("average"), the mean TPOTs
+behind the speedups, and where speculation stops paying.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from run_args import add_run_args, trace_and_model, trace_from_args  # noqa: E402
+
+from executor.loading import LoadedModel, cpu_model  # noqa: E402
+from executor.profile import measure  # noqa: E402
+from executor.replay import measured_run  # noqa: E402
+from executor.speculative.profile import profile_drafter_passes  # noqa: E402
+from servelab.calibration.fit import fit_profile, profile_backend  # noqa: E402
+from sim.cluster.closed_loop import closed_loop  # noqa: E402
+from sim.cost.calibrated import CalibratedCostModel  # noqa: E402
+from sim.cost.drafter import SpeculativeCostModel, TargetPricing, drafter_cost  # noqa: E402
+from sim.engine.core import Backend, SamplingParams  # noqa: E402
+from sim.engine.scheduler import Scheduler  # noqa: E402
+from sim.engine.scheduler_config import DEFAULT_POLICY, SchedulerConfig  # noqa: E402
+from sim.engine.speculation.config import DRAFTER_METHODS, SpeculativeConfig  # noqa: E402
+from sim.engine.speculation.report import speculation_summary, speedups  # noqa: E402
+from sim.policy_runs import simulate_policy  # noqa: E402
+from sim.replay.metrics import summarize  # noqa: E402
+from sim.replay.workload import requests_from_trace  # noqa: E402
+from sim.specs.model_config import resolve_model  # noqa: E402
+from workloads import Trace  # noqa: E402
+
+METHODS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+              "prompt_lookup_min": 2},
+    "draft_model": {"method": "draft_model", "draft_num_layers": 1,
+                    "num_speculative_tokens": 3},
+}
+
+
+@dataclass
+class Level:
+    """One load level's measured runs and simulation, per method."""
+
+    qps_scale: float
+    request_rate: float  # req/s of the scaled trace
+    plain: list[dict]  # measured plain summaries, one per pair
+    spec: dict[str, list[dict]]  # method -> measured speculative summaries (with counters)
+    simulated: dict[str, dict[str, float]]  # method -> simulated speedups
+    # "plain" or method -> one more measured run's steps, priced sum / measured sum
+    steps_priced: dict[str, float] = field(default_factory=dict)
+
+
+def calibrate(loaded: LoadedModel, args: argparse.Namespace) -> CalibratedCostModel:
+    """The executor's step cost model and its drafter passes, profiled now, in this process."""
+    backend, points, _, max_len = profile_backend(loaded, args.block_size, args.kv_cache_gib,
+                                                  None)
+    plans, times = measure(backend, points, args.repeats, args.seed)
+    fit = fit_profile(plans, times, row_knots=backend.row_knots)
+    passes = profile_drafter_passes(backend, max_len, args.max_num_seqs, seed=args.seed)
+    print(f"calibration: {len(points)} step shapes x {args.repeats} rounds, held-out error "
+          f"median {np.median(fit.held_error):.1%}; drafter passes: "
+          f"{passes['profiled_passes']} shapes, fit error {passes['fit_error_median']}")
+    return replace(fit.model, meta={"model": loaded.name, "drafter_passes": passes})
+
+
+class PricedSteps(list):
+    """A run's step log that prices each step as it is logged: the executor logs a step
+    after running it and before the scheduler applies it, so the plan's requests are as the
+    step saw them (a cost model that reads rows, the drafter's KV mirror, needs that)."""
+
+    def __init__(self, pricing: Backend) -> None:
+        super().__init__()
+        self.pricing = pricing
+        self.measured_s = 0.0
+        self.priced_s = 0.0
+
+    def append(self, step: tuple) -> None:
+        plan, seconds = step
+        self.measured_s += seconds
+        self.priced_s += self.pricing.execute(plan).duration_s
+
+
+def measured(trace: Trace, config: SchedulerConfig, loaded: LoadedModel, seed: int,
+             pricing: Backend | None = None) -> dict:
+    """One measured run's summary; with speculation, its counters and per-request record;
+    with `pricing`, its steps' priced sum over their measured sum (pricing between steps
+    touches memory a step would find in cache, so the runs that measure speedups do not)."""
+    requests = requests_from_trace(trace, SamplingParams(seed=seed), seed_requests=True)
+    schedulers: list[Scheduler] = []
+    steps = None if pricing is None else PricedSteps(pricing)
+    result = measured_run(requests, config, loaded.model, seed, step_log=steps,
+                          loop=closed_loop(trace, requests),
+                          on_scheduler=lambda s: schedulers.append(_recording(s)))
+    summary = summarize(result)
+    if steps is not None:
+        summary["steps_priced_over_measured"] = steps.priced_s / steps.measured_s
+    if config.speculative is not None:
+        summary.update(speculation_summary(schedulers[0].speculator, summary, summary))
+    return summary
+
+
+def _recording(scheduler: Scheduler) -> Scheduler:
+    """The scheduler, its speculation (if on) keeping each request's counters."""
+    if scheduler.speculator is not None:
+        scheduler.speculator.record_requests = True
+    return scheduler
+
+
+def simulated(trace: Trace, config: SchedulerConfig, record: dict, method: str,
+              cost: CalibratedCostModel, workdir: Path) -> dict[str, float]:
+    """Simulated speedups, acceptance drawn per request from a measured run's record."""
+    path = workdir / f"{method}.json"
+    path.write_text(json.dumps({"results": {config.policy: record}}))
+    spec = SpeculativeConfig.from_json(json.dumps({**METHODS[method],
+                                                   "acceptance_rates": str(path)}))
+    plain = simulate_policy(trace, config, cost, None, False).summary
+    sped = _simulate_speculative(trace, config, spec, cost)
+    # The same, every request drawn at the run's average rates (no per-request record).
+    average = _simulate_speculative(trace, config, replace(spec, recorded=None), cost)
+    return {**speedups(sped, plain), "plain_tpot_ms": plain["mean_tpot_ms"],
+            "spec_tpot_ms": sped["mean_tpot_ms"],
+            "average_tpot_speedup": speedups(average, plain)["spec_tpot_speedup"]}
+
+
+def _simulate_speculative(trace: Trace, config: SchedulerConfig, spec: SpeculativeConfig,
+                          cost: CalibratedCostModel) -> dict:
+    """The summary of the speculative simulation (a drafter priced from the calibration)."""
+    backend, spec = speculative_pricing(spec, cost)
+    return simulate_policy(trace, replace(config, speculative=spec), backend, None,
+                           False).summary
+
+
+def speculative_pricing(spec: SpeculativeConfig, cost: CalibratedCostModel
+                        ) -> tuple[Backend, SpeculativeConfig]:
+    """What prices a speculative run on the calibration (as `servelab simulate` composes
+    it): the verify floor, and a drafter's passes from the calibration's drafter passes."""
+    if spec.method not in DRAFTER_METHODS:
+        return SpeculativeCostModel(cost), spec
+    target = TargetPricing(cost, resolve_model(cost.meta["model"]), None)
+    return (SpeculativeCostModel(cost, drafter_cost(spec, target)),
+            replace(spec, drafter_priced=True))
+
+
+def run_level(args: argparse.Namespace, loaded: LoadedModel, cost: CalibratedCostModel,
+              scale: float, workdir: Path) -> Level:
+    """Measured runs alternating plain, n-gram, draft model for --pairs rounds; then the
+    simulation of each method from its first speculative run's acceptance record."""
+    args.qps_scale = scale
+    trace = trace_from_args(args)
+    config = SchedulerConfig(policy=args.policy, max_num_seqs=args.max_num_seqs,
+                             num_blocks=args.num_blocks, block_size=args.block_size)
+    methods = args.methods.split(",")
+    specs = {m: SpeculativeConfig.from_json(json.dumps(METHODS[m])) for m in methods}
+    level = Level(scale, len(trace) / trace.span_s, [], {m: [] for m in methods}, {})
+    for _ in range(args.pairs):
+        level.plain.append(measured(trace, config, loaded, args.seed))
+        for m in methods:
+            level.spec[m].append(measured(trace, replace(config, speculative=specs[m]),
+                                          loaded, args.seed))
+    # One more run of each, its steps priced as they run (not in the speedups).
+    level.steps_priced["plain"] = measured(trace, config, loaded, args.seed, cost)[
+        "steps_priced_over_measured"]
+    for m in methods:
+        level.steps_priced[m] = measured(
+            trace, replace(config, speculative=specs[m]), loaded, args.seed,
+            speculative_pricing(specs[m], cost)[0])["steps_priced_over_measured"]
+    for m in methods:
+        level.simulated[m] = simulated(trace, config, level.spec[m][0], m, cost, workdir)
+    return level
+
+
+def pair_speedups(level: Level, method: str, key: str) -> np.ndarray:
+    """The measured speedup of each A/B pair."""
+    return np.array([speedups(s, p)[key] for p, s in zip(level.plain, level.spec[method],
+                                                          strict=True)])
+
+
+def crossover(rates: list[float], speedup: list[float]) -> str:
+    """Where the TPOT speedup falls below 1 (linear between the levels around it)."""
+    if speedup[0] < 1:
+        return f"below {rates[0]:.1f} req/s"
+    for i in range(1, len(rates)):
+        (r0, s0), (r1, s1) = (rates[i - 1], speedup[i - 1]), (rates[i], speedup[i])
+        if s1 < 1 <= s0:
+            return f"~{r0 + (r1 - r0) * (s0 - 1) / (s0 - s1):.1f} req/s"
+    return f"none in {rates[0]:.1f}-{rates[-1]:.1f} req/s"
+
+
+def report(levels: list[Level], method: str) -> None:
+    """The method's table: measured median [min-max], simulated, simulated / measured; the
+    mean TPOTs behind the speedups; where speculation stops paying."""
+    print(f"\n{method} ({json.dumps(METHODS[method])})")
+    print(f"{'qps x':>6} {'req/s':>7} {'batch':>5} {'acc/row':>7} | {'TPOT measured':>18} "
+          f"{'sim':>5} {'sim/meas':>8} {'average':>7} | {'tok/s measured':>21} {'sim':>6} "
+          f"{'sim/meas':>8} | "
+          f"{'mean TPOT ms plain, spec: measured':>34} {'sim':>11}")
+    tpot_med, tpot_sim = [], []
+    for level in levels:
+        tpot = pair_speedups(level, method, "spec_tpot_speedup")
+        thr = pair_speedups(level, method, "spec_throughput_speedup")
+        sim = level.simulated[method]
+        tpot_med.append(float(np.median(tpot)))
+        tpot_sim.append(sim["spec_tpot_speedup"])
+        plain_ms = np.median([p["mean_tpot_ms"] for p in level.plain])
+        spec_ms = np.median([s["mean_tpot_ms"] for s in level.spec[method]])
+        print(f"{level.qps_scale:>6g} {level.request_rate:>7.1f} "
+              f"{np.median([p['mean_batch_size'] for p in level.plain]):>5.1f} "
+              f"{level.spec[method][0]['spec_mean_accepted_length']:>7.2f} | "
+              f"{_spread(tpot):>18} {sim['spec_tpot_speedup']:>5.2f} "
+              f"{sim['spec_tpot_speedup'] / tpot_med[-1]:>8.2f} "
+              f"{sim['average_tpot_speedup']:>7.2f} | {_spread(thr, 3):>21} "
+              f"{sim['spec_throughput_speedup']:>6.3f} "
+              f"{sim['spec_throughput_speedup'] / np.median(thr):>8.3f} | "
+              f"{plain_ms:>23.3f}, {spec_ms:.3f} {sim['plain_tpot_ms']:>5.3f}, "
+              f"{sim['spec_tpot_ms']:.3f}")
+    steps = ", ".join(f"x{level.qps_scale:g} {level.steps_priced['plain']:.2f} / "
+                      f"{level.steps_priced[method]:.2f}" for level in levels)
+    print(f"steps priced / measured, summed over one more run, plain / {method}: {steps}")
+    rates = [level.request_rate for level in levels]
+    print(f"stops paying (TPOT): measured {crossover(rates, tpot_med)}, simulated "
+          f"{crossover(rates, tpot_sim)}")
+
+
+def _spread(values: np.ndarray, digits: int = 2) -> str:
+    return (f"{np.median(values):.{digits}f} [{values.min():.{digits}f}-"
+            f"{values.max():.{digits}f}]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(parser)
+    parser.set_defaults(max_requests=60, max_prompt_len=200,
+                        max_output_len=64, model="tiny", threads=1)
+    parser.add_argument("--qps-scales", default="8,128,1024", help="three load levels")
+    parser.add_argument("--pairs", type=int, default=7, help="A/B rounds per level")
+    parser.add_argument("--methods", default="ngram,draft_model")
+    parser.add_argument("--policy", default=DEFAULT_POLICY)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=7, help="calibration rounds")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    _, loaded = trace_and_model(args)
+    print(f"CPU: {cpu_model()}; model {loaded.name}, {loaded.threads} threads, "
+          f"{loaded.kernels} kernels; {args.policy}, max_num_seqs {args.max_num_seqs}, "
+          f"{args.num_blocks} KV blocks; {args.pairs} A/B pairs a level")
+    cost = calibrate(loaded, args)
+    with tempfile.TemporaryDirectory() as workdir:
+        levels = [run_level(args, loaded, cost, float(q), Path(workdir))
+                  for q in args.qps_scales.split(",")]
+    for method in args.methods.split(","):
+        report(levels, method)
+    print(f"\n{time.perf_counter() - start:.0f} s wall")
+
+
+if __name__ == "__main__":
+    main()
