@@ -39,7 +39,6 @@ from executor.profile import (  # noqa: E402
     ProfilePoint,
     point_prompts,
     profile_grid,
-    row_knots,
     run_point,
 )
 from executor.prompts import attach_prompt_tokens  # noqa: E402
@@ -47,7 +46,7 @@ from servelab.calibration.fit import fit_profile  # noqa: E402
 from servelab.calibration.interleave import Interleaved  # noqa: E402
 from servelab.calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from sim.engine.block_manager import BlockManager  # noqa: E402
-from sim.engine.core import BatchPlan, StepResult  # noqa: E402
+from sim.engine.core import BatchPlan, StepResult, row_knots  # noqa: E402
 from sim.engine.scheduler import Scheduler  # noqa: E402
 from sim.engine.scheduler_config import (  # noqa: E402
     DEFAULT_POLICY,  # noqa: E402
