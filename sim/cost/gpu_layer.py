@@ -13,7 +13,7 @@ engine's host time and how a step adds these up are sim.cost.gpu_cost's.
 from __future__ import annotations
 
 from sim.cost.gpu_shapes import GpuPeaks, LayerShapes
-from sim.cost.gpu_terms import GpuTerms, moe_experts_s
+from sim.cost.gpu_terms import GpuTerms, across_nodes_s, moe_experts_s
 from sim.cost.gpu_terms import gemm_s as _gemm_s
 from sim.cost.gpu_terms import small_op_s as _small_op_s
 from sim.cost.roofline import check_quantization
@@ -213,7 +213,12 @@ class LayerCost:
         # Data-parallel ranks under expert parallelism: all-gather their tokens, reduce-scatter
         # the outputs (the bytes of one all-reduce of every rank's [tokens, hidden]). Within
         # one rank the tp GPUs already share its tokens: the MLP's all-reduce sums the experts.
-        exchange_s = t.allreduce_s(group * h * b, ep) if dp > 1 else 0.0
+        # Over more GPUs than a node holds, the node's all-reduce plus the hop between nodes.
+        exchange_s = 0.0
+        if dp > 1:
+            message = group * h * b
+            exchange_s = (t.allreduce_s(message, min(ep, self.peaks.max_gpus))
+                          + across_nodes_s(self.peaks, message, ep))
         out = experts_s + router_s + act_s + exchange_s
         shared = s.shared_expert_intermediate_size
         if shared:  # the rank's own tokens through it, and its one-output gate if any

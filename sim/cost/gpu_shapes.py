@@ -113,6 +113,9 @@ class GpuPeaks(Protocol):
     host_link_bytes_s: float  # GPU to host memory, one direction (KV swapped out and in)
     allreduce: tuple[tuple[int, float, float], ...]  # measured: (GPUs, latency_s, bus B/s)
     peak_fp8_flops: float | None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
+    max_gpus: int  # GPUs of one node (its NVLink domain)
+    network_bytes_s: float | None  # one GPU's share of the network to other nodes, one way
+    network_latency_s: float | None  # one hop over that network
 
 
 # Published config.json facts of the models the fitted data and its validation use.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -87,6 +88,25 @@ class GpuTerms:
         latency_s, bus_bytes_s = self.allreduce[gpus]
         # A ring moves 2 (n - 1) / n of the buffer over each link.
         return latency_s + 2 * (num_gpus - 1) / num_gpus * message_bytes / bus_bytes_s
+
+
+def across_nodes_s(peaks: GpuPeaks, message_bytes: float, num_gpus: int) -> float:
+    """What an all-reduce of `message_bytes` over `num_gpus` GPUs adds by spanning nodes of
+    peaks.max_gpus (0 within one node). Hierarchical, as NCCL runs it across nodes: reduce-
+    scatter within each node, a ring among the nodes over each GPU's network share of its
+    1 / max_gpus slice, all-gather within the node; the within-node parts are the node's own
+    all-reduce, priced by the caller. ValueError when the GPU gives no network."""
+    per_node = peaks.max_gpus
+    if num_gpus <= per_node or message_bytes <= 0:
+        return 0.0
+    if peaks.network_bytes_s is None or peaks.network_latency_s is None:
+        raise ValueError(f"{peaks.name}: a collective over {num_gpus} GPUs spans nodes of "
+                         f"{per_node}, and the GPU file gives no network_bytes_s / "
+                         "network_latency_s to price the hop between them")
+    nodes = math.ceil(num_gpus / per_node)
+    hops = 2 * (nodes - 1)
+    return hops * peaks.network_latency_s + hops / nodes * (
+        message_bytes / per_node) / peaks.network_bytes_s
 
 
 def _bracket(table: tuple[int, ...], x: float) -> tuple[int, float]:

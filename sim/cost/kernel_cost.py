@@ -16,6 +16,7 @@ from __future__ import annotations
 from sim.cost.engine_overhead import EngineOverhead, load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import GpuPeaks, LayerShapes
+from sim.cost.gpu_terms import across_nodes_s
 from sim.cost.kernel_curves import Curve, Grid, blend
 from sim.cost.kernel_tables import KernelTableError, KernelTables
 from sim.engine.core import BatchPlan
@@ -131,7 +132,15 @@ class KernelCostModel(GpuCostModel):
         if s.shared_expert_intermediate_size:
             inter = s.shared_expert_intermediate_size // tp
             self._shared = (tables.gemm(quant, gates * inter, h), tables.gemm(quant, h, inter))
-        self._exchange = tables.all_reduce(ep) if self.data_parallel > 1 else None
+        # (over more GPUs than a node holds: the node's measured all-reduce, and
+        # across_nodes_s for the hop between nodes)
+        self._exchange = (tables.all_reduce(min(ep, self.peaks.max_gpus))
+                          if self.data_parallel > 1 else None)
+        if self._exchange is not None and ep > self.peaks.max_gpus:
+            across_nodes_s(self.peaks, 1.0, ep)  # refuses a GPU with no network, by name
+            self.notes.append(f"experts' exchange over {ep} GPUs: the {self.peaks.max_gpus}-GPU "
+                              "all-reduce within a node, then the network between nodes "
+                              f"({self.peaks.network_bytes_s / 1e9:g} GB/s a GPU)")
 
     def describe(self) -> str:
         """What priced the steps, and any shape priced from a measured neighbour."""
@@ -185,7 +194,9 @@ class KernelCostModel(GpuCostModel):
         group = tokens * self.data_parallel if group_tokens is None else group_tokens
         out = (self._router(tokens) + self._moe(group)) * MS
         if self._exchange is not None:  # all-gather in, reduce-scatter out: one all-reduce
-            out += self._exchange(group * h * b) * MS
+            message = group * h * b
+            out += (self._exchange(message) * MS
+                    + across_nodes_s(self.peaks, message, self.expert_parallel))
         if s.shared_expert_intermediate_size:
             out += self._gated_mlp_s(tokens, self._shared, s.shared_expert_intermediate_size)
             if s.shared_expert_gate:

@@ -41,6 +41,11 @@ class HardwareSpec:
     peak_fp8_flops: float | None = None  # dense FP8 tensor FLOP/s; None: no FP8 tensor cores
     # Fixed cost of one collective (all-reduce, all-to-all) on top of its bytes.
     interconnect_latency_s: float = 10e-6
+    # One GPU's share of its node's network to other nodes, one direction, bytes/s (its
+    # NIC: InfiniBand, RoCE), and the fixed cost of one hop over it; None where the file
+    # gives none (a collective over more than max_gpus GPUs then cannot be priced).
+    network_bytes_s: float | None = None
+    network_latency_s: float | None = None
     usd_per_hour: float | None = None  # default price of one GPU for one hour, USD
     # Measured all-reduces (nccl-tests on this machine): (GPUs, latency_s, bus bytes/s), which
     # the fitted cost model takes instead of its generic curve scaled to the interconnect.
@@ -60,6 +65,13 @@ class HardwareSpec:
             raise ValueError(f"hardware {self.name}: peak_flops.fp8 must be > 0")
         if not self.interconnect_latency_s >= 0:
             raise ValueError(f"hardware {self.name}: interconnect_latency_s must be >= 0")
+        if (self.network_bytes_s is None) != (self.network_latency_s is None):
+            raise ValueError(f"hardware {self.name}: network_bytes_s and network_latency_s "
+                             "go together")
+        if self.network_bytes_s is not None and not (
+                self.network_bytes_s > 0 and self.network_latency_s >= 0):
+            raise ValueError(f"hardware {self.name}: network_bytes_s must be > 0 and "
+                             "network_latency_s >= 0")
         if self.usd_per_hour is not None and not self.usd_per_hour > 0:
             raise ValueError(f"hardware {self.name}: usd_per_hour must be > 0")
         for gpus, latency_s, bus_bytes_s in self.allreduce:
@@ -100,6 +112,8 @@ def load_hardware(path: Path) -> HardwareSpec:
             max_gpus=int(data.get("max_gpus", 8)),
             peak_fp8_flops=None if flops.get("fp8") is None else float(flops["fp8"]),
             interconnect_latency_s=float(data.get("interconnect_latency_s", 10e-6)),
+            network_bytes_s=_optional(data, "network_bytes_s"),
+            network_latency_s=_optional(data, "network_latency_s"),
             usd_per_hour=None if data.get("usd_per_hour") is None
             else float(data["usd_per_hour"]),
             allreduce=_allreduce(data.get("allreduce") or {}),
@@ -108,6 +122,10 @@ def load_hardware(path: Path) -> HardwareSpec:
         )
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
+
+
+def _optional(data: dict, key: str) -> float | None:
+    return None if data.get(key) is None else float(data[key])
 
 
 def _allreduce(table: object) -> tuple[tuple[int, float, float], ...]:

@@ -100,3 +100,17 @@ def test_a_bad_all_reduce_table_names_the_field(tmp_path: Path, table) -> None:
                                 "allreduce": table}))
     with pytest.raises(ValueError, match="allreduce"):
         load_hardware(path)
+
+
+def test_a_network_figure_has_its_source_and_comes_with_its_latency(tmp_path: Path) -> None:
+    for name, spec in HARDWARE_SPECS.items():
+        data = json.loads((GPUS_DIR / f"{name}.json").read_text())
+        if spec.network_bytes_s is not None:
+            assert {"network_bytes_s", "network_latency_s"} <= set(data["sources"]), name
+    assert hardware_spec("h100").network_bytes_s == 50e9  # a 400 Gb/s NIC per GPU
+    data = json.loads((GPUS_DIR / "h100.json").read_text())
+    del data["network_latency_s"]
+    path = tmp_path / "half.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="network_bytes_s and network_latency_s go together"):
+        load_hardware(path)

@@ -1,0 +1,57 @@
+"""An exchange over more GPUs than a node holds: the node's own all-reduce plus a ring among
+the nodes over each GPU's network share (sim.cost.gpu_terms.across_nodes_s), in the fitted
+and the measured-kernel models alike; a GPU without a network figure refuses it by name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from sim.cost.gpu_terms import across_nodes_s
+from sim.deployment import DeploymentOptions, build_deployment
+from sim.engine.core import BatchPlan
+from sim.specs.hardware import GPUS_DIR, hardware_spec
+
+H100 = hardware_spec("h100")
+
+
+def test_within_a_node_nothing_crosses_the_network():
+    assert across_nodes_s(H100, 1e6, 8) == 0.0
+    assert across_nodes_s(replace(H100, network_bytes_s=None, network_latency_s=None),
+                          1e6, 8) == 0.0
+
+
+def test_two_nodes_ring_each_gpus_slice_over_its_nic():
+    # 2 nodes of 8: 2 hops of 10 us, and 2 x 1/2 of the 1/8 slice at 50 GB/s.
+    message = 64e6
+    expected = 2 * 10e-6 + (message / 8) / 50e9
+    assert across_nodes_s(H100, message, 16) == pytest.approx(expected)
+    # Four nodes: more hops, a larger share of the slice on the wire.
+    assert across_nodes_s(H100, message, 32) > across_nodes_s(H100, message, 16)
+
+
+def test_a_gpu_without_a_network_refuses_an_exchange_across_nodes():
+    bare = replace(H100, network_bytes_s=None, network_latency_s=None)
+    with pytest.raises(ValueError, match="spans nodes of 8.*network_bytes_s"):
+        across_nodes_s(bare, 1e6, 16)
+
+
+@pytest.mark.parametrize("cost", ["kernels", "gpu"])
+def test_sixteen_ranks_of_experts_pay_for_the_hop(cost, tmp_path):
+    data = json.loads((GPUS_DIR / "h100.json").read_text())
+    data["network_bytes_s"] /= 10  # a tenth of the NIC
+    slow = tmp_path / "h100.json"
+    slow.write_text(json.dumps(data))
+
+    def prefill_s(hardware: str) -> float:
+        deployment = build_deployment(DeploymentOptions(
+            model="Qwen/Qwen3-30B-A3B", hardware=hardware, tensor_parallel=4,
+            data_parallel=4, expert_parallel=True, cost=cost))
+        return deployment.cost_model.predict(BatchPlan(
+            prefill_tokens=4096, prefill_attn=4096 * 4096,
+            prefill_attn_causal=4096 * 4097 // 2, prefill_seqs=1, prefill_chunk_max=4096,
+            prefill_context_max=4096, num_sampled=1))
+
+    assert prefill_s("h100") < prefill_s(str(slow))
