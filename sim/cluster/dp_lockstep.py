@@ -80,13 +80,17 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
     arrivals, now = _Arrivals(requests, loop, request_overhead_s(model)), 0.0
     try:
         while True:
-            # (a request that came during the step just ended came while a step ran: an
-            # engine that schedules ahead holds it one step, sim.engine.step.Engine.held)
-            for at_s, request in arrivals.due(now):
-                if not _least_loaded(engines).add(request, at_s):  # rejected: what waited goes
-                    arrivals.answered(request, now)
+            # Requests that came during the step just ended queue now (an engine that
+            # schedules ahead holds them one step, sim.engine.step.Engine.held); those that
+            # came as it ended (a closed loop's next turns) came while the next was planned.
+            due = arrivals.due(now)
+            _queue(engines, arrivals, [(at_s, r) for at_s, r in due if at_s < now], now)
+            edge = [(at_s, r) for at_s, r in due if at_s >= now]
             plans = [engine.schedule(now) for engine in engines]
             if all(plan is None for plan in plans):
+                if edge:  # idle ranks plan as soon as a request comes
+                    _queue(engines, arrivals, edge, now)
+                    continue
                 next_s = arrivals.next_s()
                 if next_s is None:
                     if any(e.scheduler.has_unfinished for e in engines):
@@ -95,6 +99,9 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                 now = max(now, next_s)
                 continue
             result = StepResult(duration_s=group_step_s(model, plans))
+            for engine in engines:
+                engine.busy_until = now + result.duration_s
+            _queue(engines, arrivals, edge, now)
             for engine, plan in zip(engines, plans, strict=True):
                 if plan is not None:
                     for request in engine.finish_step(plan, result, now):
@@ -102,8 +109,6 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
                         arrivals.answered(request, now + result.duration_s if end_s is None
                                           else end_s)
             now += result.duration_s
-            for engine in engines:
-                engine.busy_until = now
     finally:
         if loop is not None:
             loop.restore_unreleased()
@@ -111,6 +116,15 @@ def run_lockstep(requests: Sequence[Request], engines: Sequence[Engine],
     return RunResult(list(requests), StepLog.concat(e.steps for e in engines),
                      sum(e.scheduler.num_preemptions for e in engines), config.num_blocks,
                      config.max_num_seqs)
+
+
+def _queue(engines: Sequence[Engine], arrivals: _Arrivals,
+           items: list[tuple[float, Request]], now: float) -> None:
+    """Queue each request, come at its time, on the least loaded rank; a rejected one
+    releases what waited for it."""
+    for at_s, request in items:
+        if not _least_loaded(engines).add(request, at_s):
+            arrivals.answered(request, now)
 
 
 def _least_loaded(engines: Sequence[Engine]) -> Engine:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from sim.cluster.closed_loop import ClosedLoop
+import pytest
+
+from sim.cluster.closed_loop import ClosedLoop, run_closed_trace
 from sim.cluster.dp_lockstep import group_step_s, run_lockstep
-from sim.cost.engine_overhead import load_engine
+from sim.cost.engine_overhead import EngineOverhead, load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import known_gpu, known_shapes
 from sim.engine.core import BatchPlan, Request
@@ -76,3 +78,28 @@ def test_a_closed_loop_through_the_lockstep_keeps_its_users_in_flight():
     for t in sent:
         in_flight = sum(1 for r in requests if r.arrival_s <= t < r.finish_s)
         assert in_flight == users if t < sent[-1] else in_flight <= users
+
+
+def test_one_lockstep_rank_admits_a_closed_loop_as_the_single_engine_replay_does():
+    """A closed loop's next request is sent as the last answer's step ends, while the next
+    step is being planned: it joins the step after (two after, scheduling ahead), in the
+    lockstep replay as in the single-engine one. With one rank the two replays agree on
+    every request's first token."""
+    for overlapped in (False, True):
+        model = _moe(ep=1)
+        model.use_engine(EngineOverhead("vllm", 1e-3, 0.0, 1e-5, "", overlapped=overlapped,
+                                        graph_max_rows=512))
+        config = SchedulerConfig(policy="chunked", num_blocks=4096, max_num_seqs=8)
+        first_tokens = []
+        for replay in ("lockstep", "single"):
+            n, users = 12, 3
+            requests = [Request(f"r{i}", 0.0, 64 + 32 * (i % 3), 3 + i % 4) for i in range(n)]
+            loop = ClosedLoop(requests, chains_of([None] * n, [0] * n, [0.0] * n),
+                              [0.0] * n, users)
+            engine = Engine(Scheduler(config), model)
+            if replay == "lockstep":
+                run_lockstep(requests, [engine], model, loop)
+            else:
+                run_closed_trace(requests, engine, loop)
+            first_tokens.append([r.token_times_s[0] for r in requests])
+        assert first_tokens[0] == pytest.approx(first_tokens[1], rel=1e-9), overlapped
