@@ -54,10 +54,6 @@ class RecordedAcceptance:
     total: RequestCounts
     by_request: tuple[tuple[str, RequestCounts], ...]
 
-    def lookup(self) -> dict[str, RequestCounts]:
-        """Request id -> its counters."""
-        return dict(self.by_request)
-
 
 def read_recorded(path: Path, num_positions: int) -> RecordedAcceptance | None:
     """The per-request acceptance of a `servelab run --speculative-config --json` file; None

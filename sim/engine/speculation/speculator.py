@@ -36,6 +36,14 @@ class _Counts:
         self.accepted_per_pos = [0] * k
 
 
+class _Recorded(NamedTuple):
+    """A recorded request's share of decoding rows that drafted, and its acceptance rates by
+    position over those drafts (acceptance.RequestCounts' draft_share and draft_rates)."""
+
+    draft_share: float
+    draft_rates: tuple[float, ...]
+
+
 class Draft(NamedTuple):
     """A row's proposals for one step."""
 
@@ -50,9 +58,15 @@ class Speculator:
         self.config = config
         self._rates = config.acceptance_rates
         recorded = config.recorded
-        # A recorded run's acceptance, per request id and in total (for requests it lacks).
-        self._recorded = recorded.lookup() if recorded is not None else None
-        self._recorded_total = recorded.total if recorded is not None else None
+        # A recorded run's (draft share, acceptance rates over its drafts), per request id
+        # and in total (for requests it lacks): derived once, read every verifying row.
+        self._recorded: dict[str, _Recorded] | None = None
+        self._recorded_total: _Recorded | None = None
+        if recorded is not None:
+            self._recorded = {rid: _Recorded(c.draft_share, c.draft_rates)
+                              for rid, c in recorded.by_request}
+            self._recorded_total = _Recorded(recorded.total.draft_share,
+                                             recorded.total.draft_rates)
         # Each request's counters, kept only when asked (a run that records them): a server
         # that runs for days would otherwise keep one entry per request it ever served.
         self.record_requests = False
@@ -90,8 +104,8 @@ class Speculator:
             self._undrafted(request)
         return Draft(len(ids), tuple(ids))
 
-    def _recorded_counts(self, request: Request) -> RequestCounts | None:
-        """The recorded run's counters of this request (its totals if it lacks the request);
+    def _recorded_counts(self, request: Request) -> _Recorded | None:
+        """The recorded run's rates of this request (its totals if it lacks the request);
         None without a record."""
         if self._recorded is None:
             return None
