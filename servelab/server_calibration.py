@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from executor.calibration.fit import save_calibration
 from executor.loading import cpu_model
-from servelab.calibration.fit import save_calibration
 from servelab.calibration.remote import (
     OUTLIER_ERROR,
     Observations,
@@ -158,7 +158,7 @@ def _print_calibration(options: UrlCalibration, card: dict, meta: dict, fit,
 
 def validate_url(options: UrlValidation, trace: Trace) -> int:
     """Replay the trace against the server (`repeats` times) and simulate it as that server."""
-    from servelab.calibration.validation import VALIDATED, compare, overall
+    from executor.calibration.validation import VALIDATED, compare, overall
     from servelab.sim_args import write_json_atomic
     from servelab.validate_output import format_errors, format_overall
     from sim.replay.metrics import summarize

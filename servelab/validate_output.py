@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.calibration.validation import STEP_KINDS, VALIDATED, overall
+from executor.calibration.validation import STEP_KINDS, VALIDATED, overall
 
 
 def format_overall(results: dict) -> str:

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from executor.calibration.fit import fit_profile, profile_backend
+from executor.calibration.interleave import measure_interleaved
+from executor.calibration.validation import STEP_KINDS, compare, overall
 from executor.loading import cpu_model
 from executor.native import ROW_KNOTS
-from servelab.calibration.fit import fit_profile, profile_backend
-from servelab.calibration.interleave import measure_interleaved
-from servelab.calibration.validation import STEP_KINDS, compare, overall
 from sim.cost.calibrated import feature_names
 from sim.engine.scheduler_config import POLICIES, SchedulerConfig
 

@@ -11,7 +11,7 @@ calibration-then-validation comparison minutes apart cannot promise.
     python benchmarks/fidelity/profile_vs_run.py --trace azure-conv --max-requests 150 \\
         --length-scale 0.1 --qps-scale 3
 
-prints, per step kind (servelab.calibration.validation.STEP_KINDS), the median in-run step and the
+prints, per step kind (executor.calibration.validation.STEP_KINDS), the median in-run step and the
 medians of
 again / in-run and profiled / in-run. --separate also profiles on a second backend with its
 own KV pool, where validate --calibrate times a grid shape that does not fit the run's free
@@ -34,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from run_args import add_run_args, trace_and_model  # noqa: E402
 
 from executor.backend import ModelBackend  # noqa: E402
+from executor.calibration.fit import fit_profile  # noqa: E402
+from executor.calibration.interleave import Interleaved  # noqa: E402
+from executor.calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from executor.profile import (  # noqa: E402
     GridProfile,
     ProfilePoint,
@@ -42,9 +45,6 @@ from executor.profile import (  # noqa: E402
     run_point,
 )
 from executor.prompts import attach_prompt_tokens  # noqa: E402
-from servelab.calibration.fit import fit_profile  # noqa: E402
-from servelab.calibration.interleave import Interleaved  # noqa: E402
-from servelab.calibration.validation import STEP_KINDS, step_kind  # noqa: E402
 from sim.engine.block_manager import BlockManager  # noqa: E402
 from sim.engine.core import BatchPlan, StepResult, row_knots  # noqa: E402
 from sim.engine.scheduler import Scheduler  # noqa: E402

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from run_args import add_run_args, trace_and_model, trace_from_args  # noqa: E402
 
+from executor.calibration.fit import fit_profile, profile_backend  # noqa: E402
 from executor.loading import LoadedModel, cpu_model  # noqa: E402
 from executor.profile import measure  # noqa: E402
 from executor.replay import measured_run  # noqa: E402
 from executor.speculative.profile import profile_drafter_passes  # noqa: E402
-from servelab.calibration.fit import fit_profile, profile_backend  # noqa: E402
 from sim.cluster.closed_loop import closed_loop  # noqa: E402
 from sim.cost.calibrated import CalibratedCostModel  # noqa: E402
 from sim.cost.drafter import SpeculativeCostModel, TargetPricing, drafter_cost  # noqa: E402

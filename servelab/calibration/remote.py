@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from servelab.calibration.fit import HOLDOUT_FOLDS, Fit, held_out_errors
+from executor.calibration.fit import HOLDOUT_FOLDS, Fit, held_out_errors
 from sim.cost.calibrated import (
     CalibratedCostModel,
     check_knots,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from servelab.calibration.fit import (
+from executor.calibration.fit import (
     calibration_meta,
     fit_profile,
     profile_backend,

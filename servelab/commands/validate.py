@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from servelab.calibration.fit import Fit, calibration_meta, profile_backend, save_calibration
-from servelab.calibration.interleave import measure_and_calibrate
-from servelab.calibration.validation import compare, measure_runs, overall
+from executor.calibration.fit import Fit, calibration_meta, profile_backend, save_calibration
+from executor.calibration.interleave import measure_and_calibrate
+from executor.calibration.validation import compare, measure_runs, overall
 from servelab.model_args import (
     add_model_args,
     add_server_args,

@@ -58,7 +58,7 @@ class MeasuredWorkload:
     max_requests: int = 300  # the conv workload of docs/fidelity.md (servelab validate)
     length_scale: float = 0.1
     qps_scale: float = 3.0
-    # measured runs per policy, A B .. B A (servelab.calibration.validation.measure_runs)
+    # measured runs per policy, A B .. B A (executor.calibration.validation.measure_runs)
     repeats: int = 2
     model: str = "peer-45m"
 
@@ -78,11 +78,11 @@ def measured_vs_simulated(workload: MeasuredWorkload, policies: list[str]
     import torch
 
     from executor.backend import load_model
+    from executor.calibration.fit import profile_backend
+    from executor.calibration.interleave import measure_and_calibrate
+    from executor.calibration.validation import compare
     from executor.loading import DEFAULT_KV_CACHE_GIB, LoadedModel
     from executor.profile import GridProfile
-    from servelab.calibration.fit import profile_backend
-    from servelab.calibration.interleave import measure_and_calibrate
-    from servelab.calibration.validation import compare
 
     trace = load_bundled("azure-conv")
     trace = scale_qps(scale_lengths(head(trace, workload.max_requests), workload.length_scale),
@@ -117,7 +117,7 @@ def static_vs_continuous(results: dict, workload: MeasuredWorkload, out: Path) -
 
 
 def fidelity(results: dict, runs: dict, workload: MeasuredWorkload, out: Path) -> Section:
-    from servelab.calibration.validation import overall
+    from executor.calibration.validation import overall
     from servelab.reporting.charts.fidelity_charts import write_fidelity_charts
 
     paths = write_fidelity_charts(results, runs, out, workload.describe())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.calibration.validation import measure_runs
+from executor.calibration.validation import measure_runs
 from sim.engine.scheduler_config import SchedulerConfig
 from workloads import open_trace
 

@@ -137,8 +137,8 @@ def test_a_lent_backend_runs_the_shapes_its_free_blocks_hold_and_logs_none(tiny_
 
 
 def test_shapes_timed_on_a_runs_backend_change_none_of_its_outputs(tiny_model):
-    from servelab.calibration.interleave import Interleaved
-    from servelab.calibration.validation import measure_runs
+    from executor.calibration.interleave import Interleaved
+    from executor.calibration.validation import measure_runs
     from workloads.sources import open_trace
 
     trace = open_trace("synthetic:n=12,rate=100,prompt=uniform(8,40),output=uniform(2,10)")

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from servelab.calibration.validation import VALIDATED
+from executor.calibration.validation import VALIDATED
 from sim.replay.metrics import inter_token_latencies_ms, request_table
 from sim.replay.simulation import RunResult
 

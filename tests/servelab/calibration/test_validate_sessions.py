@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.calibration.validation import compare
+from executor.calibration.validation import compare
 from sim.cluster.closed_loop import replay
 from sim.cost.calibrated import FEATURES, CalibratedCostModel
 from sim.cost.fixed_backend import ConstantBackend

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from executor.calibration.fit import fit_profile
+from executor.calibration.validation import compare
 from executor.profile import relative_speeds
-from servelab.calibration.fit import fit_profile
-from servelab.calibration.validation import compare
 from sim.cost.calibrated import FEATURES, CalibratedCostModel
 from sim.engine.batch_plan import add_to_plan
 from sim.engine.core import BatchPlan, Request

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from servelab.calibration.fit import Fit, fit_profile
-from servelab.calibration.validation import measure_runs
+from executor.calibration.fit import Fit, fit_profile
+from executor.calibration.validation import measure_runs
 from sim.engine.scheduler_config import SchedulerConfig
 from sim.replay.simulation import RunResult
 from workloads.trace import Trace

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import servelab.calibration.interleave as interleave
-from servelab.calibration.validation import STEP_KINDS, in_run_step_error, median_summary
+import executor.calibration.interleave as interleave
+from executor.calibration.validation import STEP_KINDS, in_run_step_error, median_summary
 from sim.cost.calibrated import FEATURES, CalibratedCostModel
 from sim.engine.core import BatchPlan, Request
 

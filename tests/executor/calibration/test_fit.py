@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servelab.calibration.fit import HOLDOUT_FOLDS, fit_profile
+from executor.calibration.fit import HOLDOUT_FOLDS, fit_profile
 from sim.cost.calibrated import FEATURES, feature_names
 from sim.engine.core import BatchPlan
 
