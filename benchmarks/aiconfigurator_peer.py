@@ -24,14 +24,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from servelab.calibration.silicon import (  # noqa: E402
+from sim.measured.silicon import (  # noqa: E402
     RowResult,
     error_table,
     format_error_table,
     format_refusals,
     simulate_rows,
 )
-from servelab.calibration.silicon_rows import (  # noqa: E402
+from sim.measured.silicon_rows import (  # noqa: E402
     MEASURED_ROUNDS,
     ROWS_CSV,
     load_rows,

@@ -1,5 +1,5 @@
 """Whole vLLM runs priced with a given vLLM engine's terms: AIConfigurator's H100 silicon rows
-(servelab.calibration.silicon) and LLMServingSim's four runs (servelab.calibration.gpu_replay),
+(sim.measured.silicon) and LLMServingSim's four runs (servelab.calibration.gpu_replay),
 as mean TTFT and TPOT samples against the measured."""
 
 from __future__ import annotations
@@ -7,17 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from servelab.calibration.gpu_replay import load_runs, replay_on, run_deployment
-from servelab.calibration.silicon import (
+from sim.cost.engine_overhead import EngineOverhead, async_scheduling
+from sim.cost.gpu_cost import GpuCostModel
+from sim.deployment import Deployment
+from sim.measured.silicon import (
     group_key,
     measured_means,
     row_deployment,
     row_model,
     run_closed_loop,
 )
-from servelab.calibration.silicon_rows import RowRefused, load_rows, replay_plan
-from sim.cost.engine_overhead import EngineOverhead, async_scheduling
-from sim.cost.gpu_cost import GpuCostModel
-from sim.deployment import Deployment
+from sim.measured.silicon_rows import RowRefused, load_rows, replay_plan
 
 
 @dataclass(frozen=True)

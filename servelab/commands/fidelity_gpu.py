@@ -14,14 +14,14 @@ from servelab.calibration.gpu_validation import (
     splitwise_errors,
     splitwise_table,
 )
-from servelab.calibration.silicon import (
+from servelab.reporting.gpu_fidelity import write_report, write_silicon_report
+from sim.measured.silicon import (
     error_table,
     format_error_table,
     format_refusals,
     simulate_rows,
 )
-from servelab.calibration.silicon_rows import HARDWARE, MEASURED_ROUNDS
-from servelab.reporting.gpu_fidelity import write_report, write_silicon_report
+from sim.measured.silicon_rows import HARDWARE, MEASURED_ROUNDS
 from sim.specs.hardware import hardware_spec
 
 

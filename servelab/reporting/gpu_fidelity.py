@@ -13,14 +13,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servelab.calibration.gpu_validation import run_table, splitwise_errors, splitwise_table  # noqa: E402
-from servelab.calibration.silicon import (  # noqa: E402
+from servelab.reporting.charts.silicon_charts import silicon_scatter  # noqa: E402
+from servelab.reporting.sections import Section  # noqa: E402
+from sim.measured.silicon import (  # noqa: E402
     RowResult,
     error_table,
     refusals,
     result_record,
 )
-from servelab.reporting.charts.silicon_charts import silicon_scatter  # noqa: E402
-from servelab.reporting.sections import Section  # noqa: E402
 
 
 def step_chart(errors: list, path: Path) -> None:

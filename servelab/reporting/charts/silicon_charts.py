@@ -8,7 +8,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from servelab.calibration.silicon import RowResult, group_key
+from sim.measured.silicon import RowResult, group_key
 
 TP_MARKERS = {1: "s", 2: "o", 4: "^", 8: "D"}
 

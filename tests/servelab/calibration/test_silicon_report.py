@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from servelab.calibration.silicon import RowResult, simulate_row
-from servelab.calibration.silicon_rows import SiliconRow, replay_plan
 from servelab.cli import main
 from servelab.reporting.charts.silicon_charts import silicon_scatter
+from sim.measured.silicon import RowResult, simulate_row
+from sim.measured.silicon_rows import SiliconRow, replay_plan
 
 
 def test_fidelity_gpu_silicon_only_prints_the_table_and_writes_chart_and_json(tmp_path, capsys):

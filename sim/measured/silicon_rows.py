@@ -6,7 +6,7 @@ with ignore_eos, 20 x users requests after 2 x users warm-up ones; mean TTFT and
 (its vLLM rule): one unified TP, data parallel ranks, its limits. `extract` filters the
 source CSV to the shipped file (sim/data/aiconfigurator/SILICON.md):
 
-    python -m servelab.calibration.silicon_rows SOURCE.csv [--out FILE]
+    python -m sim.measured.silicon_rows SOURCE.csv [--out FILE]
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.calibration.silicon import (
+from sim.engine.core import FinishReason, Request
+from sim.measured.silicon import (
     RowResult,
     error_stats,
     error_table,
@@ -20,7 +21,7 @@ from servelab.calibration.silicon import (
     run_closed_loop,
     simulate_row,
 )
-from servelab.calibration.silicon_rows import (
+from sim.measured.silicon_rows import (
     COLUMNS,
     RowRefused,
     SiliconRow,
@@ -29,7 +30,6 @@ from servelab.calibration.silicon_rows import (
     parse_row,
     replay_plan,
 )
-from sim.engine.core import FinishReason, Request
 
 DENSE = SiliconRow("dense", "Qwen/Qwen3-32B", "0.12.0", "", "", "", 1024, 128, 8, 2, 1, 1, 1,
                    1, 150.0, 18.0)

@@ -1,4 +1,4 @@
-"""Replay AIConfigurator's measured H100 vLLM runs (servelab.calibration.silicon_rows)
+"""Replay AIConfigurator's measured H100 vLLM runs (sim.measured.silicon_rows)
 through the simulator: each row's closed loop on its engine, priced by whatever cost model
 the deployment builds by default; mean TTFT and TPOT against the measured, and the error
 statistics per model, TP and precision.
@@ -12,16 +12,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from servelab.calibration.silicon_rows import (
-    HARDWARE,
-    MEASURED_ROUNDS,
-    MODELS_DIR,
-    ReplayPlan,
-    RowRefused,
-    SiliconRow,
-    load_rows,
-    replay_plan,
-)
 from sim.cluster.closed_loop import ClosedLoop, run_closed_cluster, run_closed_trace
 from sim.cluster.dp_lockstep import run_lockstep
 from sim.cluster.router import RouterConfig
@@ -32,6 +22,16 @@ from sim.deployment import Deployment, DeploymentOptions, build_deployment
 from sim.engine.core import FinishReason, Request
 from sim.engine.scheduler import Scheduler, SchedulerConfig
 from sim.engine.step import Engine
+from sim.measured.silicon_rows import (
+    HARDWARE,
+    MEASURED_ROUNDS,
+    MODELS_DIR,
+    ReplayPlan,
+    RowRefused,
+    SiliconRow,
+    load_rows,
+    replay_plan,
+)
 from sim.pricing import DEFAULT_COST
 from sim.replay.metrics import request_table
 from sim.specs.model_config import (
