@@ -45,6 +45,8 @@ QUANTIZATION = {"": None, "bf16": None, "fp16": None, "fp8": "fp8"}
 # rows' checkpoints are 16-bit ones (meta-llama/Llama-3.1-70B, Qwen/Qwen3-32B), so auto,
 # which is also what servelab's own checkpoint rule gives them.
 KV_CACHE_DTYPE = "auto"
+# A row id names the layout its run had: ..._c{users}_tp{tp}[_0]_ep{ep}[_0]_...
+ID_LAYOUT = re.compile(r"_c(\d+)_tp(\d+)(?:_0)?_ep(\d+)(?:_0)?_")
 
 
 class RowRefused(ValueError):
@@ -129,19 +131,51 @@ def replay_plan(row: SiliconRow, rounds: int = MEASURED_ROUNDS) -> ReplayPlan:
                          f"{row.moe_quant or '-'}) is not priced; 16-bit and fp8 weights are")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    dp = row.attention_dp
-    users = row.batch_size * dp
-    # vLLM has one TP for attention and experts: the generator's MoE rule sets it to
-    # moe_tp x moe_ep / dp, which never falls below the attention TP of a valid layout.
-    tp = max(row.tp, row.moe_tp * row.moe_ep // dp)
-    seqs = MIN_MAX_NUM_SEQS if row.batch_size < MIN_MAX_NUM_SEQS else 2 * row.batch_size
+    users, tp, dp, ep = run_layout(row)
+    batch = users // dp
+    seqs = MIN_MAX_NUM_SEQS if batch < MIN_MAX_NUM_SEQS else 2 * batch
     return ReplayPlan(
         users=users, warmup_requests=WARMUP_ROUNDS * users, measured_requests=rounds * users,
         prompt_len=row.isl, output_len=row.osl, tensor_parallel=tp, data_parallel=dp,
-        expert_parallel=row.moe_ep > 1, quantization=QUANTIZATION[row.precision],
+        expert_parallel=ep > 1, quantization=QUANTIZATION[row.precision],
         kv_cache_dtype=KV_CACHE_DTYPE,
         max_num_seqs=seqs, max_num_batched_tokens=seqs + row.isl + SLACK_TOKENS,
         max_model_len=row.isl + row.osl + SLACK_TOKENS)
+
+
+def run_layout(row: SiliconRow) -> tuple[int, int, int, int]:
+    """(users, vLLM's unified TP, DP ranks, expert-parallel ranks) of the row's run: its
+    columns as the generator reads them, or one engine as the row's id names it where the
+    two differ (id_layout_differs)."""
+    if id_layout_differs(row):
+        users, tp, ep = id_layout(row.row_id)
+        return users, tp, 1, ep
+    return _column_layout(row)
+
+
+def _column_layout(row: SiliconRow) -> tuple[int, int, int, int]:
+    dp = row.attention_dp
+    # vLLM has one TP for attention and experts: the generator's MoE rule sets it to
+    # moe_tp x moe_ep / dp, which never falls below the attention TP of a valid layout.
+    return (row.batch_size * dp, max(row.tp, row.moe_tp * row.moe_ep // dp), dp,
+            max(row.moe_ep, 1))
+
+
+def id_layout(row_id: str) -> tuple[int, int, int] | None:
+    """(users, TP, EP) that a row id names, or None when it names none."""
+    found = ID_LAYOUT.search(row_id)
+    return None if found is None else tuple(int(g) for g in found.groups())
+
+
+def id_layout_differs(row: SiliconRow) -> bool:
+    """Whether the row's id names a layout its columns do not give. In the shipped rows,
+    MiniMax-M2.5's 15 rows whose columns read 4 attention-DP ranks over 16 expert ranks
+    carry ids naming one TP 4 / EP 4 engine at the same users, and their measured TTFT and
+    TPOT repeat those of the TP 4 / EP 4 rows at the same users (sim/data/aiconfigurator/
+    SILICON.md): the id is the run."""
+    named = id_layout(row.row_id)
+    users, tp, _, ep = _column_layout(row)
+    return named is not None and named != (users, tp, ep)
 
 
 def _kept(record: dict[str, str]) -> bool:

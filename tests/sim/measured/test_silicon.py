@@ -28,6 +28,8 @@ from sim.measured.silicon_rows import (
     extract,
     load_rows,
     parse_row,
+    id_layout,
+    id_layout_differs,
     replay_plan,
 )
 
@@ -62,6 +64,35 @@ def test_moe_row_takes_the_unified_tp_from_its_expert_layout():
     # Experts split by TP only: TP from moe_tp, no expert parallel.
     plan = replay_plan(_moe(tp=1, moe_tp=8, moe_ep=1))
     assert (plan.tensor_parallel, plan.expert_parallel) == (8, False)
+
+
+def test_an_id_naming_another_layout_replays_the_engine_it_names():
+    # Columns: 4 DP ranks of 16 users over 16 expert ranks; the id: one TP 4 / EP 4 engine.
+    row = _moe(row_id="2026_04_06_minimax_m2_5_h100_sxm_vllm_fp8_agg_1024x1024_c64_tp4_ep4_13",
+               batch_size=16, tp=4, attention_dp=4, moe_tp=1, moe_ep=16)
+    assert id_layout(row.row_id) == (64, 4, 4)
+    assert id_layout_differs(row)
+    plan = replay_plan(row)
+    assert (plan.users, plan.tensor_parallel, plan.data_parallel) == (64, 4, 1)
+    assert plan.expert_parallel
+    assert plan.max_num_batched_tokens == 512 + 8192 + 1500
+
+
+def test_an_id_agreeing_with_the_columns_or_naming_nothing_keeps_the_columns():
+    agrees = _moe(row_id="x_agg_8192x1024_c32_tp4_ep16_1", batch_size=8, tp=4,
+                  attention_dp=4, moe_tp=1, moe_ep=16)
+    assert not id_layout_differs(agrees)
+    assert replay_plan(agrees).data_parallel == 4
+    assert id_layout("dense") is None and not id_layout_differs(DENSE)
+    ids_with_layout = _moe(row_id="x_agg_8192x1024_c8_tp4_0_ep4_0_7")
+    assert id_layout(ids_with_layout.row_id) == (8, 4, 4)
+    assert not id_layout_differs(ids_with_layout)
+
+
+def test_only_minimax_rows_in_the_shipped_file_name_another_layout_in_their_id():
+    differ = [row for row in load_rows() if id_layout_differs(row)]
+    assert len(differ) == 15
+    assert {row.model for row in differ} == {"MiniMaxAI/MiniMax-M2.5"}
 
 
 def test_kv_cache_is_the_generators_auto_for_fp8_and_16_bit_rows():
