@@ -45,7 +45,9 @@ def main() -> None:
     for name, tp in MODELS:
         options = DeploymentOptions(model=name, hardware=args.hardware, tensor_parallel=tp,
                                     vllm_version=args.vllm_version)
-        old = build_deployment(DeploymentOptions(**{**options.__dict__, "cost": "gpu"}))
+        # the fitted model has no vLLM version to pick
+        old = build_deployment(DeploymentOptions(**{**options.__dict__, "cost": "gpu",
+                                                    "vllm_version": None}))
         new = build_deployment(DeploymentOptions(**{**options.__dict__, "cost": "kernels"}))
         label = f"{name.split('/')[-1]} tp{tp}"
         for step, plan in STEPS:
