@@ -234,7 +234,7 @@ class KernelTables:
     def moe(self, quant: str, hidden: int, inter: int, experts: int, topk: int, tp: int,
             ep: int) -> Curve:
         """A fused-MoE layer's latency (ms) against the tokens entering it on one GPU
-        (measured with tokens spread evenly over experts)."""
+        (measured with tokens routed to experts by a power law: extract.MOE_DISTRIBUTION)."""
         if "moe" not in self.sources:
             raise KernelTableError(f"{self.gpu} vLLM {self.vllm_version}: no MoE table")
         path = self._path("moe")

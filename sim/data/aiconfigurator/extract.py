@@ -38,6 +38,11 @@ HERE = Path(__file__).parent
 SYSTEMS = "aic-core/src/aiconfigurator_core/systems"
 DATA = f"{SYSTEMS}/data"
 UPSTREAM = "https://github.com/ai-dynamo/aiconfigurator"
+# How the MoE rows route tokens to experts. Upstream measures "balanced" (every expert gets
+# the same share: at 32 tokens x top-8 over 256 experts, every expert's weights are read) and
+# power laws; a trained router's tokens crowd onto fewer experts, and AIConfigurator prices
+# its generic MoE models (Qwen3-MoE, gpt-oss, MiniMax-M2) with the power law of exponent 1.2.
+MOE_DISTRIBUTION = "power_law_1.2"
 
 # servelab's GPU file name -> aiconfigurator's system name (vLLM data measured there).
 GPUS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
@@ -161,8 +166,9 @@ def _generation_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, 
 
 
 def _moe(frame: pd.DataFrame) -> pd.DataFrame:
-    """Fused-MoE layers with tokens spread evenly over experts (the 'balanced' rows)."""
-    frame = frame[(frame["distribution"] == "balanced") & frame["moe_dtype"].isin(MOE_QUANTS)]
+    """Fused-MoE layers with tokens routed as MOE_DISTRIBUTION routes them."""
+    frame = frame[(frame["distribution"] == MOE_DISTRIBUTION)
+                  & frame["moe_dtype"].isin(MOE_QUANTS)]
     out = pd.DataFrame({"quant": frame["moe_dtype"].map(MOE_QUANTS), "tokens": frame["num_tokens"],
                         "hidden": frame["hidden_size"], "inter": frame["inter_size"],
                         "experts": frame["num_experts"], "topk": frame["topk"],
