@@ -134,13 +134,23 @@ class KernelCostModel(GpuCostModel):
             self._shared = (tables.gemm(quant, gates * inter, h), tables.gemm(quant, h, inter))
         # (over more GPUs than a node holds: the node's measured all-reduce, and
         # across_nodes_s for the hop between nodes)
-        self._exchange = (tables.all_reduce(min(ep, self.peaks.max_gpus))
-                          if self.data_parallel > 1 else None)
+        self._exchange = self._exchange_curve(min(ep, self.peaks.max_gpus))
         if self._exchange is not None and ep > self.peaks.max_gpus:
             across_nodes_s(self.peaks, 1.0, ep)  # refuses a GPU with no network, by name
             self.notes.append(f"experts' exchange over {ep} GPUs: the {self.peaks.max_gpus}-GPU "
                               "all-reduce within a node, then the network between nodes "
                               f"({self.peaks.network_bytes_s / 1e9:g} GB/s a GPU)")
+
+    def _exchange_curve(self, num_gpus: int):
+        """The experts' exchange between data-parallel ranks (ms against message bytes): the
+        GPU file's own all-reduce over `num_gpus` where it measured one (as for TP), else the
+        tables'; None without data parallelism."""
+        if self.data_parallel == 1:
+            return None
+        if num_gpus in {n for n, _, _ in self.peaks.allreduce}:
+            self.notes.append(f"experts' exchange over {num_gpus} GPUs from the GPU file")
+            return lambda message_bytes: self.terms.allreduce_s(message_bytes, num_gpus) / MS
+        return self.tables.all_reduce(num_gpus)
 
     def describe(self) -> str:
         """What priced the steps, and any shape priced from a measured neighbour."""

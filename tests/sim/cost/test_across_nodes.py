@@ -55,3 +55,24 @@ def test_sixteen_ranks_of_experts_pay_for_the_hop(cost, tmp_path):
             prefill_context_max=4096, num_sampled=1))
 
     assert prefill_s("h100") < prefill_s(str(slow))
+
+
+def test_a_gpu_files_own_all_reduce_prices_the_experts_exchange(tmp_path):
+    # As for TP's all-reduces: a GPU file that measured its link beats the tables.
+    data = json.loads((GPUS_DIR / "rtx-pro-6000.json").read_text())
+    data["allreduce"] = {"2": {"latency_s": 1e-3, "bus_bytes_s": 1e9}}  # a slow link
+    data["sources"]["allreduce"] = "a test's link"
+    slow = tmp_path / "rtx-pro-6000.json"
+    slow.write_text(json.dumps(data))
+
+    def deployment(hardware: str):
+        return build_deployment(DeploymentOptions(
+            model="Qwen/Qwen3-30B-A3B", hardware=hardware, data_parallel=2,
+            expert_parallel=True, cost="kernels"))
+
+    shipped, own = deployment("rtx-pro-6000"), deployment(str(slow))
+    assert "experts' exchange over 2 GPUs from the GPU file" in own.cost_model.describe()
+    plan = BatchPlan(decode_seqs=8, num_sampled=8, decode_context=8 * 512,
+                     decode_context_max=512)
+    # 48 layers, each an exchange of at least the file's 1 ms latency.
+    assert own.cost_model.predict(plan) > shipped.cost_model.predict(plan) + 40e-3
