@@ -26,10 +26,10 @@ from sim.measured.silicon_rows import (
     RowRefused,
     SiliconRow,
     extract,
-    load_rows,
-    parse_row,
     id_layout,
     id_layout_differs,
+    load_rows,
+    parse_row,
     replay_plan,
 )
 
