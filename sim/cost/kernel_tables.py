@@ -233,8 +233,11 @@ class KernelTables:
 
     def moe(self, quant: str, hidden: int, inter: int, experts: int, topk: int, tp: int,
             ep: int) -> Curve:
-        """A fused-MoE layer's latency (ms) against the tokens entering it on one GPU
-        (measured with tokens routed to experts by a power law: extract.MOE_DISTRIBUTION)."""
+        """A fused-MoE layer's latency (ms) against the tokens entering it on one GPU: at each
+        token count the faster of the routings measured (balanced and a power law, column
+        `routing`). A trained router puts a small batch on fewer experts than an even spread
+        reads (the power law's rows), and its load-balancing loss spreads a large batch about
+        evenly (the balanced rows): the lesser of the two is the layer it runs."""
         if "moe" not in self.sources:
             raise KernelTableError(f"{self.gpu} vLLM {self.vllm_version}: no MoE table")
         path = self._path("moe")
@@ -245,7 +248,13 @@ class KernelTables:
                 f"{self.gpu} vLLM {self.vllm_version}: MoE {quant} hidden={hidden} "
                 f"inter={inter} experts={experts} top-{topk} at moe tp={tp} ep={ep} not "
                 "measured")
-        return Curve(rows["tokens"].tolist(), rows["latency_ms"].tolist())
+        curves = [Curve(rows["tokens"][rows["routing"] == routing].tolist(),
+                        rows["latency_ms"][rows["routing"] == routing].tolist())
+                  for routing in sorted(set(rows["routing"].tolist()))]
+        if len(curves) == 1:
+            return curves[0]
+        tokens = sorted(set().union(*(curve.xs for curve in curves)))
+        return Curve(tokens, [min(curve(t) for curve in curves) for t in tokens])
 
     # ---- all-reduce -------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ ships that the repository measured with vLLM, it writes one folder beside this s
     <gpu>/context_attention.parquet     kv, batch, seq, heads, kv_heads, head_dim, latency_ms
     <gpu>/generation_attention.parquet  kv, batch, kv_len, heads, kv_heads, head_dim,
                                         latency_ms
-    <gpu>/moe.parquet                   quant, tokens, hidden, inter, experts, topk, tp, ep,
-                                        latency_ms
+    <gpu>/moe.parquet                   routing, quant, tokens, hidden, inter, experts, topk,
+                                        tp, ep, latency_ms
     <gpu>/custom_all_reduce.parquet     num_gpus, message_bytes, latency_ms
     <gpu>/nccl_all_reduce.parquet       num_gpus, message_bytes, latency_ms
     manifest.json                       per GPU and vLLM version, which source table (path,
@@ -38,11 +38,10 @@ HERE = Path(__file__).parent
 SYSTEMS = "aic-core/src/aiconfigurator_core/systems"
 DATA = f"{SYSTEMS}/data"
 UPSTREAM = "https://github.com/ai-dynamo/aiconfigurator"
-# How the MoE rows route tokens to experts. Upstream measures "balanced" (every expert gets
-# the same share: at 32 tokens x top-8 over 256 experts, every expert's weights are read) and
-# power laws; a trained router's tokens crowd onto fewer experts, and AIConfigurator prices
-# its generic MoE models (Qwen3-MoE, gpt-oss, MiniMax-M2) with the power law of exponent 1.2.
-MOE_DISTRIBUTION = "power_law_1.2"
+# The MoE rows kept, by how upstream routed their tokens to experts: "balanced" (every expert
+# the same share) and the power law of exponent 1.2 (what AIConfigurator prices its generic
+# MoE models with: Qwen3-MoE, gpt-oss, MiniMax-M2). sim.cost.kernel_tables reads both.
+MOE_ROUTINGS = ("balanced", "power_law_1.2")
 
 # servelab's GPU file name -> aiconfigurator's system name (vLLM data measured there).
 GPUS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
@@ -166,15 +165,16 @@ def _generation_attention(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, 
 
 
 def _moe(frame: pd.DataFrame) -> pd.DataFrame:
-    """Fused-MoE layers with tokens routed as MOE_DISTRIBUTION routes them."""
-    frame = frame[(frame["distribution"] == MOE_DISTRIBUTION)
+    """Fused-MoE layers with tokens routed as MOE_ROUTINGS name (column `routing`)."""
+    frame = frame[frame["distribution"].isin(MOE_ROUTINGS)
                   & frame["moe_dtype"].isin(MOE_QUANTS)]
-    out = pd.DataFrame({"quant": frame["moe_dtype"].map(MOE_QUANTS), "tokens": frame["num_tokens"],
+    out = pd.DataFrame({"routing": frame["distribution"],
+                        "quant": frame["moe_dtype"].map(MOE_QUANTS), "tokens": frame["num_tokens"],
                         "hidden": frame["hidden_size"], "inter": frame["inter_size"],
                         "experts": frame["num_experts"], "topk": frame["topk"],
                         "tp": frame["moe_tp_size"], "ep": frame["moe_ep_size"],
                         "latency_ms": frame["latency"]})
-    keys = ["quant", "tokens", "hidden", "inter", "experts", "topk", "tp", "ep"]
+    keys = ["routing", "quant", "tokens", "hidden", "inter", "experts", "topk", "tp", "ep"]
     return out.groupby(keys, as_index=False)["latency_ms"].min()
 
 

@@ -119,6 +119,34 @@ def test_attention_rows_keep_16_bit_and_fp8_kv_apart_each_with_its_kernel():
         ("auto", 8, 0.02), ("fp8", 8, 0.01), ("fp8", 16, 0.04)]
 
 
+def test_moe_rows_keep_the_balanced_and_power_law_routings_apart():
+    extract = _extract_module()
+    frame = pd.DataFrame({"distribution": ["balanced", "power_law_1.2", "power_law_1.01"],
+                          "moe_dtype": ["fp8"] * 3, "num_tokens": [32] * 3,
+                          "hidden_size": [3072] * 3, "inter_size": [1536] * 3,
+                          "num_experts": [256] * 3, "topk": [8] * 3, "moe_tp_size": [1] * 3,
+                          "moe_ep_size": [4] * 3, "latency": [0.35, 0.2, 0.21]})
+    out = extract._moe(frame)
+    assert sorted(zip(out["routing"], out["latency_ms"], strict=True)) == [
+        ("balanced", 0.35), ("power_law_1.2", 0.2)]
+
+
+def test_moe_layer_is_the_faster_routing_at_each_token_count():
+    """Small batches: the power law's few experts; large ones: the even spread."""
+    tables = KernelTables.load("h100", "0.19.0")
+    shape = dict(quant="fp8", hidden=3072, inter=1536, experts=256, topk=8, tp=1, ep=4)
+    curve = tables.moe(**shape)
+    frame = pd.read_parquet(DATA_DIR / "h100" / "moe.parquet")
+    rows = frame[(frame["source_version"] == "0.19.0")
+                 & np.logical_and.reduce([frame[k] == v for k, v in shape.items()])]
+    by = {r: dict(zip(g["tokens"], g["latency_ms"], strict=True))
+          for r, g in rows.groupby("routing", observed=True)}
+    balanced, power = by["balanced"], by["power_law_1.2"]
+    assert power[32] < balanced[32] and balanced[8192] < power[8192]
+    for tokens in (32, 8192):
+        assert curve(tokens) == pytest.approx(min(balanced[tokens], power[tokens]))
+
+
 # ---- a small fixture data set ------------------------------------------------------------
 
 # A fixture GPU whose GEMM takes 1e-9 ms per multiply-add: TP's effect is exact arithmetic.
