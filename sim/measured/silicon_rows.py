@@ -170,9 +170,9 @@ def id_layout(row_id: str) -> tuple[int, int, int] | None:
 def id_layout_differs(row: SiliconRow) -> bool:
     """Whether the row's id names a layout its columns do not give. In the shipped rows,
     MiniMax-M2.5's 15 rows whose columns read 4 attention-DP ranks over 16 expert ranks
-    carry ids naming one TP 4 / EP 4 engine at the same users, and their measured TTFT and
-    TPOT repeat those of the TP 4 / EP 4 rows at the same users (sim/data/aiconfigurator/
-    SILICON.md): the id is the run."""
+    carry ids naming one TP 4 / EP 4 engine at the same users, and 13 of them measured the
+    TTFT and TPOT of the TP 4 / EP 4 rows at the same users within a few percent
+    (sim/data/aiconfigurator/SILICON.md): the id is the run."""
     named = id_layout(row.row_id)
     users, tp, _, ep = _column_layout(row)
     return named is not None and named != (users, tp, ep)
