@@ -250,7 +250,10 @@ class KernelCostModel(GpuCostModel):
 
     def _with_attention(self, plan: BatchPlan, layer: float,
                         host: float) -> tuple[float, float]:
-        """A layer's GPU and host time with the step's attention from the measured tables."""
+        """A layer's GPU and host time with the step's attention from the measured tables.
+        The decode table times decode-only batches; beside a prefill chunk vLLM runs every
+        row in one varlen kernel, where decode rows lose their GQA sharing: their time is
+        scaled by the measured mixed-kernel factor, as in the fitted model."""
         decode_seqs = plan.decode_seqs
         if plan.prefill_tokens:
             layer += self.prefill_attention_s(plan)
@@ -259,7 +262,11 @@ class KernelCostModel(GpuCostModel):
             curve = self._decode_rows.get(decode_seqs)
             if curve is None:
                 curve = self._decode_rows[decode_seqs] = self._generation.row(decode_seqs)
-            layer += self._decode_mean_s(curve, plan.decode_context / decode_seqs)
+            kv_per_row = plan.decode_context / decode_seqs
+            decode = self._decode_mean_s(curve, kv_per_row)
+            if plan.prefill_tokens:
+                decode *= self.terms.mixed_decode_factor(decode_seqs, kv_per_row, self._group)
+            layer += decode
             host += self._kernel_s
         return layer, host
 

@@ -8,6 +8,7 @@ import pytest
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.kernel_cost import KernelCostModel
 from sim.deployment import DeploymentOptions, build_deployment
+from sim.engine.core import BatchPlan
 
 
 def test_the_default_prices_from_the_measured_kernels():
@@ -66,3 +67,28 @@ def test_tensor_parallel_and_moe_deployments_price_from_tables():
     assert isinstance(tp4, KernelCostModel) and isinstance(moe, KernelCostModel)
     assert tp4.describe() == tp4.tables.describe()  # every shape measured, no neighbour
     assert moe.mlp_s(64) > moe.mlp_s(1)
+
+
+def _decode_part_s(model: KernelCostModel, plan: BatchPlan) -> float:
+    """A layer's attention in `plan` less its prefill attention: the decode rows' share."""
+    layer, _ = model._with_attention(plan, 0.0, 0.0)
+    return layer - (model.prefill_attention_s(plan) if plan.prefill_tokens else 0.0)
+
+
+@pytest.mark.parametrize("model, grouped", [("meta-llama/Llama-3.1-8B", True),
+                                            ("meta-llama/Llama-2-7b-hf", False)])
+def test_decode_rows_beside_a_prefill_chunk_lose_their_gqa_sharing(model, grouped):
+    """vLLM runs a mixed batch as one varlen kernel: the decode table's time (a decode-only
+    batch) grows by the measured mixed-kernel factor for grouped-query models only."""
+    kernels = build_deployment(DeploymentOptions(model=model, hardware="rtx-pro-6000",
+                                                 cost="kernels")).cost_model
+    decode = BatchPlan(decode_seqs=32, num_sampled=32, decode_context=32 * 600,
+                       decode_context_max=600)
+    mixed = BatchPlan(decode_seqs=32, num_sampled=33, decode_context=32 * 600,
+                      decode_context_max=600, prefill_tokens=512, prefill_attn=512 * 512,
+                      prefill_attn_causal=512 * 513 // 2, prefill_seqs=1,
+                      prefill_chunk_max=512, prefill_context_max=512)
+    factor = kernels.terms.mixed_decode_factor(32, 600, kernels._group)
+    assert (factor > 1.0) is grouped
+    assert _decode_part_s(kernels, mixed) == pytest.approx(factor * _decode_part_s(kernels,
+                                                                                   decode))
