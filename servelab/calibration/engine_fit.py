@@ -8,7 +8,10 @@ runs (open loops), then print both data sets before and after, for --cost gpu an
 2. step_s and per_row_s (host per step, per sequence): bounded least squares of the mean
    TPOT each run misses with no host time, relative (weights 1 / measured), over the runs
    whose vLLM runs the host in series with the GPU (no async scheduling by default): there
-   TPOT = GPU step + step_s + per_row_s x rows. Runs with async scheduling hide both;
+   TPOT = GPU step + step_s + per_row_s x rows. Runs with async scheduling hide both, and
+   so does a run whose GPU steps alone come out over twice its measured TPOT: its replay runs
+   a batch the measured server did not (gpt-oss-120b's vLLM 0.11.2 rows at 512 users
+   measured a batch of four's TPOT), and no host time explains it;
 3. request_s (front end per request), priced with those: the L1 fit of relative TTFT
    error, the weighted median of (measured - predicted) TTFT, weights 1 / measured.
 Every term is clipped to the bounds the JSON gives it.
@@ -40,6 +43,9 @@ PIECEWISE_GRID = 5  # points of the 1-D search, ends included
 # vLLM V1's host time as priced before this fit: 1-2 ms a step at small batches and about
 # 10 us more per sequence (vLLM's CPU-overhead study, issue 6797).
 PUBLISHED_STEP_S, PUBLISHED_PER_ROW_S = 1.5e-3, 10e-6
+# A run whose replayed TPOT with no host time exceeds this multiple of its measured one ran
+# another batch than its replay: it says nothing of the host.
+UNMATCHED = 2.0
 
 
 @dataclass(frozen=True)
@@ -88,9 +94,11 @@ def fit_request_s(done: Sequence[Sample], lo: float, hi: float,
 def fit_host(done: Sequence[Sample], step_bounds: tuple[float, float],
              row_bounds: tuple[float, float]) -> tuple[float, float] | None:
     """(step_s, per_row_s): bounded least squares of the relative TPOT that runs priced with
-    no host time miss, over those whose vLLM does not schedule asynchronously; None when
-    there are none (the data cannot see the host)."""
-    serial = [s for s in done if not async_scheduling(s.version)]
+    no host time miss, over those whose vLLM does not schedule asynchronously and whose GPU
+    steps alone are at most UNMATCHED x their measured TPOT; None when there are none (the
+    data cannot see the host)."""
+    serial = [s for s in done if not async_scheduling(s.version)
+              and s.tpot_ms <= UNMATCHED * s.measured_tpot_ms]
     if not serial:
         return None
     weight = np.array([1.0 / s.measured_tpot_ms for s in serial])
@@ -139,7 +147,8 @@ def write_fit(result: Fit) -> None:
     """Rewrite the fitted terms (and their source) in the vLLM engine file."""
     data = json.loads(VLLM_PATH.read_text())
     source = (f"engine_fit: measured-kernel model on {result.rows} AIConfigurator H100 vLLM "
-              "0.12 runs and LLMServingSim's four vLLM 0.19 runs")
+              "runs (the host step on those of vLLM before 0.14) and LLMServingSim's four "
+              "vLLM 0.19 runs")
     for term in VLLM_TERMS:
         data[term].update(value=getattr(result, term), source=source)
     data["source"] = source

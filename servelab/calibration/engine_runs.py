@@ -14,10 +14,10 @@ from sim.measured.silicon import (
     group_key,
     measured_means,
     row_deployment,
-    row_model,
+    row_plan,
     run_closed_loop,
 )
-from sim.measured.silicon_rows import RowRefused, load_rows, replay_plan
+from sim.measured.silicon_rows import RowRefused, load_rows
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,9 @@ def silicon_samples(engine: EngineOverhead, cost: str, rounds: int,
     for row in load_rows():
         version = row.engine_version or None
         try:
-            plan = replay_plan(row, rounds)
-            deployment = _priced(row_deployment(row_model(row), plan, cost=cost), engine,
-                                 version, versioned)
+            model, plan = row_plan(row, rounds)  # as fidelity-gpu replays it
+            deployment = _priced(row_deployment(model, plan, cost=cost), engine, version,
+                                 versioned)
             ttft_ms, tpot_ms = measured_means(run_closed_loop(plan, deployment))
         except RowRefused:
             continue

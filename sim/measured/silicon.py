@@ -95,6 +95,13 @@ def _checkpoint_precision(row: SiliconRow, model: str) -> SiliconRow:
     return replace(row, precision="")
 
 
+def row_plan(row: SiliconRow, rounds: int = MEASURED_ROUNDS) -> tuple[str, ReplayPlan]:
+    """The model (row_model) and the engine and load (replay_plan) the row ran, its
+    checkpoint's own precision applied; RowRefused for what servelab does not simulate."""
+    model = row_model(row)  # the model's reason first: it outlasts a precision's
+    return model, replay_plan(_checkpoint_precision(row, model), rounds)
+
+
 def row_deployment(model: str, plan: ReplayPlan, hardware: str = HARDWARE,
                    cost: str = DEFAULT_COST, vllm_version: str | None = None) -> Deployment:
     """The deployment of `model` (row_model) as the row's vLLM engine flags resolve, priced
@@ -172,8 +179,7 @@ def simulate_row(row: SiliconRow, rounds: int = MEASURED_ROUNDS,
     """The row replayed (`rounds` measured rounds of its users) on `hardware` (an H100
     preset or file), or refused with the reason."""
     try:
-        model = row_model(row)  # the model's reason first: it outlasts a precision's
-        plan = replay_plan(_checkpoint_precision(row, model), rounds)
+        model, plan = row_plan(row, rounds)
         deployment = row_deployment(model, plan, hardware, vllm_version=row.engine_version)
         requests = run_closed_loop(plan, deployment)
         ttft_ms, tpot_ms = measured_means(requests)

@@ -93,6 +93,20 @@ def test_without_serial_runs_the_host_terms_stay_as_given():
     assert fit_host([_sample(0, 10.0, 10.0)], (0.0, 5e-3), (0.0, 1e-4)) is None
 
 
+def test_the_host_fit_leaves_out_runs_whose_gpu_steps_alone_are_twice_too_slow():
+    """Serial runs whose missing TPOT is exactly 1.2 ms + 8 us a row, and two whose replay
+    alone takes 80 times their measured TPOT (another batch than measured): the fit keeps
+    the first."""
+    done = [Sample(f"s{i}", ("m", 1, "bf16"), 50.0, 20.0 + i, 50.0,
+                   20.0 + i - (1.2 + 0.008 * rows), "0.12.0", rows)
+            for i, rows in enumerate((1, 4, 8, 16, 32, 64, 128))]
+    done += [Sample(f"bad{i}", ("m", 1, "bf16"), 50.0, 5.0, 50.0, 400.0, "0.11.2", 512)
+             for i in range(2)]
+    step_s, per_row_s = fit_host(done, (0.0, 5e-3), (0.0, 1e-4))
+    assert step_s == pytest.approx(1.2e-3, rel=1e-6)
+    assert per_row_s == pytest.approx(8e-6, rel=1e-6)
+
+
 def test_the_shipped_bounds_are_the_physical_ones():
     bounds = all_bounds()
     assert bounds["request_s"] == (0.0, 0.02) and bounds["step_s"] == (0.0, 0.005)

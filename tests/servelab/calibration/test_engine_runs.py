@@ -9,6 +9,7 @@ import pytest
 
 from servelab.calibration.engine_runs import run_samples, silicon_samples
 from sim.cost.engine_overhead import async_scheduling, load_vllm
+from sim.measured.silicon_rows import load_rows
 
 NO_HOST = replace(load_vllm(), step_s=0.0, per_row_s=0.0, piecewise_layer_s=0.0, request_s=0.0)
 
@@ -36,3 +37,10 @@ def test_llmservingsim_runs_keep_their_whole_summaries():
     done = run_samples(NO_HOST, "gpu")
     assert len(done) == 4 and all(s.version and async_scheduling(s.version) for s in done)
     assert all(s.summary["mean_ttft_ms"] == s.ttft_ms for s in done)
+
+
+def test_every_row_the_replay_prices_is_priced_gpt_oss_checkpoint_included(silicon):
+    # gpt-oss's rows say fp4; vLLM served its MXFP4 checkpoint as it is (row_plan), as
+    # fidelity-gpu replays them.
+    assert len(silicon["bare"]) == len(load_rows())
+    assert any("gpt_oss" in name for name in silicon["bare"])
