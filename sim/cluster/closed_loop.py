@@ -44,10 +44,15 @@ class ClosedLoop:
     answer that ends gives the one that waited for it, if any (and when)."""
 
     def __init__(self, requests: Sequence[Request], chains: list[Chain],
-                 think_s: Sequence[float], users: int | None = None) -> None:
+                 think_s: Sequence[float], users: int | None = None,
+                 first_send_s: Sequence[float] = ()) -> None:
         if users is not None and users < 1:
             raise ValueError(f"users must be >= 1, got {users}")
+        if first_send_s and (users is None or len(first_send_s) != users):
+            raise ValueError(f"first_send_s gives one time per user: {len(first_send_s)} "
+                             f"for {users} users")
         self.requests, self.think_s, self.users = requests, think_s, users
+        self.first_send_s = list(first_send_s) or [0.0] * (users or 0)
         self.queue = deque(chains)  # with users: the chains no user has taken yet
         self.place: dict[int, tuple[Chain, int]] = {}  # id(request) -> its chain, position
         for chain in chains:
@@ -57,13 +62,15 @@ class ClosedLoop:
 
     def start(self) -> list[tuple[float, Request]]:
         """The requests released without waiting: each chain's first at its trace time, or
-        with users, the first chain of each user at once. Every other request has no
-        arrival time until it is released."""
+        with users, the first chain of each user at its first send (all at once unless
+        `first_send_s` said otherwise). Every other request has no arrival time until it is
+        released."""
         if self.users is None:
             started = [(chain.start_s, self.requests[chain.rows[0]]) for chain in self.queue]
         else:
             taken = [self.queue.popleft() for _ in range(min(self.users, len(self.queue)))]
-            started = [(0.0, self.requests[chain.rows[0]]) for chain in taken]
+            started = [(at_s, self.requests[chain.rows[0]])
+                       for at_s, chain in zip(self.first_send_s, taken, strict=False)]
         first = {id(request) for _, request in started}
         for request in self.requests:
             if id(request) in self.place and id(request) not in first:

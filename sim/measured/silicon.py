@@ -131,9 +131,11 @@ def scheduler_config(plan: ReplayPlan, deployment: Deployment) -> SchedulerConfi
                            max_model_len=plan.max_model_len, enable_prefix_caching=True)
 
 
-def run_closed_loop(plan: ReplayPlan, deployment: Deployment) -> list[Request]:
-    """The row's measured requests closed-loop through its engines: all users start at once,
-    each sends its next request as its last answer ends; the requests, in the order sent.
+def run_closed_loop(plan: ReplayPlan, deployment: Deployment,
+                    first_send_s: Sequence[float] = ()) -> list[Request]:
+    """The row's measured requests closed-loop through its engines: all users start at once
+    (as aiperf starts them; `first_send_s`, one time per user, for another start), each
+    sends its next request as its last answer ends; the requests, in the order sent.
 
     aiperf waits for every warm-up answer before its profiling phase starts, and a
     simulated engine has nothing to warm (no compilation, no allocation, and the random
@@ -142,7 +144,7 @@ def run_closed_loop(plan: ReplayPlan, deployment: Deployment) -> list[Request]:
     requests = [Request(f"r{i}", 0.0, plan.prompt_len, plan.output_len) for i in range(n)]
     # One lone chain per request, taken in row order: request i is the i-th one sent.
     loop = ClosedLoop(requests, chains_of([None] * n, [0] * n, [0.0] * n), [0.0] * n,
-                      plan.users)
+                      plan.users, first_send_s)
     config, backend = scheduler_config(plan, deployment), deployment.cost_model
     dp = plan.data_parallel
     if dp == 1:

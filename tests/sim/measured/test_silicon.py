@@ -174,6 +174,19 @@ def test_replay_sends_the_measured_requests_only_all_users_at_once():
     assert requests[3].arrival_s == pytest.approx(min(r.finish_s for r in requests[:3]))
 
 
+def test_replay_can_start_each_user_at_its_own_time():
+    row = replace(DENSE, isl=64, osl=4, batch_size=3)
+    plan = replay_plan(row, rounds=2)
+    deployment = row_deployment(row_model(row), plan)
+    requests = run_closed_loop(plan, deployment, first_send_s=[0.0, 0.5, 1.0])
+    assert [r.arrival_s for r in requests[:3]] == [0.0, 0.5, 1.0]
+    assert all(r.token_times_s[0] > r.arrival_s for r in requests)
+    # The next request goes with the first user free: the one that started first.
+    assert requests[3].arrival_s == pytest.approx(requests[0].finish_s)
+    with pytest.raises(ValueError, match="one time per user: 2 for 3 users"):
+        run_closed_loop(plan, deployment, first_send_s=[0.0, 0.5])
+
+
 def test_error_stats_give_signed_median_and_p90_of_magnitude():
     stats = error_stats([-0.5, 0.1, 0.2, 0.3, -0.05])
     assert stats["median"] == pytest.approx(0.1)
