@@ -24,10 +24,14 @@ DUMMY_BATCH = BatchPlan(decode_seqs=1, decode_context=1)  # an idle rank's forwa
 
 def group_step_s(model: GpuCostModel, plans: Sequence[BatchPlan | None]) -> float:
     """One lockstep step: each rank's own layers on its tokens, its experts on every rank's
-    tokens; the slowest rank sets the step."""
+    tokens; the slowest rank sets the step. When no rank has more tokens than the largest
+    CUDA graph captured, vLLM pads every rank to the most tokens any has (so all replay a
+    graph), and the experts see that many from each rank; a larger step runs eagerly,
+    unpadded."""
     plans = [DUMMY_BATCH if p is None else p for p in plans]
     tokens = [p.prefill_tokens + p.decode_seqs for p in plans]
-    total = sum(tokens)
+    most = max(tokens)
+    total = most * len(tokens) if most <= model.engine.graph_max_rows else sum(tokens)
     layers = model.shapes.num_layers
     return max(model.predict(p) + layers * (model.mlp_s(n, total) - model.mlp_s(n))
                for p, n in zip(plans, tokens, strict=True))

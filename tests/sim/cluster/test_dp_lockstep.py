@@ -35,6 +35,33 @@ def test_a_lockstep_step_lasts_as_long_as_the_slowest_rank():
     assert 0 < group_step_s(model, [light, None]) <= group_step_s(model, [light, light])
 
 
+def _step_with_experts_seeing(model: GpuCostModel, plans: list[BatchPlan], total: int) -> float:
+    layers = model.shapes.num_layers
+    return max(model.predict(p) + layers * (model.mlp_s(n, total) - model.mlp_s(n))
+               for p in plans for n in [p.prefill_tokens + p.decode_seqs])
+
+
+def test_ranks_within_the_cuda_graph_sizes_are_padded_to_the_busiest_one():
+    """vLLM pads every DP rank to the most tokens when all replay a CUDA graph."""
+    model = _moe()
+    many = BatchPlan(decode_seqs=40, decode_context=40 * 500, num_sampled=40)
+    few = BatchPlan(decode_seqs=8, decode_context=8 * 500, num_sampled=8)
+    assert model.engine.graph_max_rows >= 40
+    step = group_step_s(model, [many, few])
+    assert step == pytest.approx(_step_with_experts_seeing(model, [many, few], 80))
+    assert step > _step_with_experts_seeing(model, [many, few], 48)
+
+
+def test_a_rank_above_the_cuda_graph_sizes_runs_every_rank_unpadded():
+    model = _moe()
+    chunk = model.engine.graph_max_rows + 1024
+    busy = BatchPlan(prefill_tokens=chunk, prefill_seqs=1,
+                     prefill_attn_causal=chunk * (chunk + 1) // 2, num_sampled=1)
+    few = BatchPlan(decode_seqs=8, decode_context=8 * 500, num_sampled=8)
+    step = group_step_s(model, [busy, few])
+    assert step == pytest.approx(_step_with_experts_seeing(model, [busy, few], chunk + 8))
+
+
 def test_experts_cost_more_when_the_other_rank_sends_more_tokens():
     model = _moe()
     assert model.mlp_s(8, group_tokens=2048) > model.mlp_s(8, group_tokens=16)
