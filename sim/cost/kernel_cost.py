@@ -143,13 +143,19 @@ class KernelCostModel(GpuCostModel):
 
     def _exchange_curve(self, num_gpus: int):
         """The experts' exchange between data-parallel ranks (ms against message bytes): the
-        GPU file's own all-reduce over `num_gpus` where it measured one (as for TP), else the
-        tables'; None without data parallelism."""
+        GPU file's own all-reduce over `num_gpus` where it measured one (as for TP), else
+        the tables' NCCL all-gather and reduce-scatter, else their all-reduce (the same
+        bytes); None without data parallelism."""
         if self.data_parallel == 1:
             return None
         if num_gpus in {n for n, _, _ in self.peaks.allreduce}:
             self.notes.append(f"experts' exchange over {num_gpus} GPUs from the GPU file")
             return lambda message_bytes: self.terms.allreduce_s(message_bytes, num_gpus) / MS
+        measured = self.tables.exchange(num_gpus)
+        if measured is not None:
+            return measured
+        self.notes.append(f"experts' exchange over {num_gpus} GPUs priced as an all-reduce "
+                          "(no all-gather or reduce-scatter measured)")
         return self.tables.all_reduce(num_gpus)
 
     def describe(self) -> str:
@@ -203,7 +209,7 @@ class KernelCostModel(GpuCostModel):
         s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
         group = tokens * self.data_parallel if group_tokens is None else group_tokens
         out = (self._router(tokens) + self._moe(group)) * MS
-        if self._exchange is not None:  # all-gather in, reduce-scatter out: one all-reduce
+        if self._exchange is not None:  # all-gather in, reduce-scatter out
             message = group * h * b
             out += (self._exchange(message) * MS
                     + across_nodes_s(self.peaks, message, self.expert_parallel))

@@ -281,6 +281,21 @@ class KernelTables:
         return AllReduce(custom, nccl, limit if custom is not None else 0)
 
 
+    def exchange(self, num_gpus: int) -> Curve | None:
+        """vLLM's default exchange of expert-parallel tokens between data-parallel ranks
+        over `num_gpus` GPUs: an NCCL all-gather of every rank's tokens in, a reduce-scatter
+        out (ms against the gathered buffer's bytes); None where either was not measured."""
+        curves = []
+        for name in ("nccl_all_gather", "nccl_reduce_scatter"):
+            path = self._path(name)
+            rows = _rows(path, None, num_gpus=num_gpus) if path.exists() else {}
+            if not len(rows.get("latency_ms", ())):
+                return None
+            curves.append(Curve(rows["message_bytes"].tolist(), rows["latency_ms"].tolist()))
+        sizes = sorted(set(curves[0].xs) | set(curves[1].xs))
+        return Curve(sizes, [curves[0](x) + curves[1](x) for x in sizes])
+
+
 def available_gpus(data_dir: Path = DATA_DIR) -> list[str]:
     """GPUs with at least one fully measured vLLM version."""
     return sorted(g for g in _manifest(data_dir)["gpus"] if measured_versions(g, data_dir))

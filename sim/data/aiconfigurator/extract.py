@@ -14,6 +14,8 @@ ships that the repository measured with vLLM, it writes one folder beside this s
                                         tp, ep, latency_ms
     <gpu>/custom_all_reduce.parquet     num_gpus, message_bytes, latency_ms
     <gpu>/nccl_all_reduce.parquet       num_gpus, message_bytes, latency_ms
+    <gpu>/nccl_all_gather.parquet       (the same columns; message_bytes: the gathered
+    <gpu>/nccl_reduce_scatter.parquet    buffer, every rank's share)
     manifest.json                       per GPU and vLLM version, which source table (path,
                                         version) each of ours came from, and the licence
 
@@ -188,9 +190,16 @@ def _custom_all_reduce(frame: pd.DataFrame) -> pd.DataFrame:
     return out.groupby(["num_gpus", "message_bytes"], as_index=False)["latency_ms"].min()
 
 
-def _nccl_all_reduce(frame: pd.DataFrame) -> pd.DataFrame:
-    """NCCL all-reduce of 16-bit elements (message_size counts elements upstream)."""
-    frame = frame[(frame["op_name"] == "all_reduce") & (frame["nccl_dtype"] == "half")]
+# NCCL's collectives kept: TP's all-reduce (above the custom one's size limit), and the
+# all-gather and reduce-scatter vLLM's default expert-parallel exchange runs between
+# data-parallel ranks ("allgather_reducescatter"). nccl-tests sizes both by the whole
+# gathered buffer.
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def _nccl(frame: pd.DataFrame, op: str) -> pd.DataFrame:
+    """One NCCL collective over 16-bit elements (message_size counts elements upstream)."""
+    frame = frame[(frame["op_name"] == op) & (frame["nccl_dtype"] == "half")]
     out = pd.DataFrame({"num_gpus": frame["num_gpus"],
                         "message_bytes": frame["message_size"] * ELEMENT_BYTES["half"],
                         "latency_ms": frame["latency"]})
@@ -258,15 +267,18 @@ def _extract_vllm_table(mirror: Mirror, system: str, name: str, family: str, tab
     return out, dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
 
 
-def _extract_nccl(mirror: Mirror, system: str) -> tuple[pd.DataFrame | None, dict]:
-    """The newest NCCL version measured on the GPU (NCCL's speed hardly depends on vLLM)."""
+def _extract_nccl(mirror: Mirror, system: str) -> tuple[dict[str, pd.DataFrame], dict]:
+    """NCCL_OPS as the newest NCCL version measured on the GPU has them (NCCL's speed
+    hardly depends on vLLM): our table name -> rows, and their source."""
     root = f"{DATA}/{system}/comm/nccl"
     versions = [v for v in mirror.names(root) if "nccl_perf.parquet" in mirror.names(f"{root}/{v}")]
     if not versions:
-        return None, {}
+        return {}, {}
     version = max(versions, key=_version_key)
     raw, path = _read(mirror, system, "comm", "nccl", version, "nccl_perf")
-    return _nccl_all_reduce(raw), {"nccl_version": version, "path": path}
+    frames = {f"nccl_{op}": _nccl(raw, op) for op in NCCL_OPS}
+    return ({name: frame for name, frame in frames.items() if len(frame)},
+            {"nccl_version": version, "path": path})
 
 
 def _compact(frame: pd.DataFrame) -> pd.DataFrame:
@@ -296,12 +308,12 @@ def extract(mirror: Mirror, out_dir: Path = HERE) -> dict:
             _compact(frame).to_parquet(folder / f"{name}.parquet", index=False,
                                        compression="zstd", compression_level=19)
             entry["tables"][name] = versions
-        frame, nccl = _extract_nccl(mirror, system)
-        if frame is not None:
+        frames, nccl = _extract_nccl(mirror, system)
+        for name, frame in frames.items():
             folder.mkdir(parents=True, exist_ok=True)
-            _compact(frame).to_parquet(folder / "nccl_all_reduce.parquet", index=False,
+            _compact(frame).to_parquet(folder / f"{name}.parquet", index=False,
                                        compression="zstd", compression_level=19)
-            entry["tables"]["nccl_all_reduce"] = nccl
+            entry["tables"][name] = nccl
         if entry["tables"]:
             manifest["gpus"][gpu] = entry
     (out_dir / "LICENSE").write_bytes(mirror.read("LICENSE"))

@@ -57,6 +57,23 @@ def test_sixteen_ranks_of_experts_pay_for_the_hop(cost, tmp_path):
     assert prefill_s("h100") < prefill_s(str(slow))
 
 
+def test_the_experts_exchange_is_the_tables_nccl_all_gather_and_reduce_scatter():
+    """vLLM's default exchange between data-parallel ranks with expert parallelism: an NCCL
+    all-gather of every rank's tokens in, a reduce-scatter out (not TP's all-reduce)."""
+    def deployment(**parallel):
+        return build_deployment(DeploymentOptions(
+            model="Qwen/Qwen3-30B-A3B", hardware="rtx-pro-6000", expert_parallel=True,
+            cost="kernels", **parallel)).cost_model
+
+    dp_ep, tp_ep = deployment(data_parallel=2), deployment(tensor_parallel=2)
+    exchange = dp_ep.tables.exchange(2)
+    for n in (16, 2048):
+        message = n * dp_ep.shapes.hidden_size * 2
+        assert (dp_ep.mlp_s(n, group_tokens=n) - tp_ep.mlp_s(n)
+                == pytest.approx(exchange(message) * 1e-3))
+        assert exchange(message) > dp_ep.tables.all_reduce(2)(message)
+
+
 def test_a_gpu_files_own_all_reduce_prices_the_experts_exchange(tmp_path):
     # As for TP's all-reduces: a GPU file that measured its link beats the tables.
     data = json.loads((GPUS_DIR / "rtx-pro-6000.json").read_text())

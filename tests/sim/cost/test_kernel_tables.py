@@ -89,8 +89,10 @@ def test_all_reduce_tables_count_elements_and_are_stored_in_bytes():
     nccl = pd.DataFrame({"op_name": ["all_reduce", "all_reduce", "all_gather"],
                          "nccl_dtype": ["half", "int8", "half"], "num_gpus": [4, 4, 4],
                          "message_size": [4096, 4096, 4096], "latency": [0.01, 0.009, 0.02]})
-    out = extract._nccl_all_reduce(nccl)
+    out = extract._nccl(nccl, "all_reduce")
     assert out["message_bytes"].tolist() == [8192] and out["latency_ms"].tolist() == [0.01]
+    out = extract._nccl(nccl, "all_gather")
+    assert out["message_bytes"].tolist() == [8192] and out["latency_ms"].tolist() == [0.02]
 
 
 def test_generation_attention_kv_length_is_isl_plus_step():
@@ -174,6 +176,9 @@ def _write_fixture(root: Path) -> Path:
         frame.insert(0, "source_version", "0.1.0")
         frame.to_parquet(folder / f"{name}.parquet", index=False)
     nccl.to_parquet(folder / "nccl_all_reduce.parquet", index=False)
+    for name, scale in (("nccl_all_gather", 0.5), ("nccl_reduce_scatter", 0.75)):
+        nccl.assign(latency_ms=nccl["latency_ms"] * scale).to_parquet(
+            folder / f"{name}.parquet", index=False)
     entry = {"source_version": "0.1.0", "quants": ["bf16"]}
     manifest = {"commit": "f" * 40, "gpus": {"fake": {"tables": {
         name: {"0.1.0": entry} for name in tables}}}}
@@ -216,6 +221,17 @@ def test_all_reduce_uses_custom_below_its_limit_and_nccl_above(fixture_tables):
     assert ar(2**30) == 4.0  # NCCL, as measured
     with pytest.raises(KernelTableError, match="4 GPUs"):
         fixture_tables.all_reduce(4)
+
+
+def test_exchange_is_nccl_all_gather_then_reduce_scatter_where_both_were_measured(
+        fixture_tables, tmp_path):
+    exchange = fixture_tables.exchange(2)
+    assert exchange(1024) == pytest.approx(0.01 * (0.5 + 0.75))
+    assert exchange(2**30) == pytest.approx(4.0 * (0.5 + 0.75))
+    assert fixture_tables.exchange(4) is None  # not measured over 4 GPUs
+    root = _write_fixture(tmp_path)
+    (root / "fake" / "nccl_reduce_scatter.parquet").unlink()
+    assert KernelTables.load("fake", data_dir=root).exchange(2) is None
 
 
 def test_unmeasured_heads_are_priced_from_the_nearest_and_named(fixture_tables):
