@@ -280,7 +280,6 @@ class KernelTables:
             limit = float("inf")  # only the custom one was measured: it prices every size
         return AllReduce(custom, nccl, limit if custom is not None else 0)
 
-
     def exchange(self, num_gpus: int) -> Curve | None:
         """vLLM's default exchange of expert-parallel tokens between data-parallel ranks
         over `num_gpus` GPUs: an NCCL all-gather of every rank's tokens in, a reduce-scatter
