@@ -132,13 +132,13 @@ class KernelCostModel(GpuCostModel):
         if s.shared_expert_intermediate_size:
             inter = s.shared_expert_intermediate_size // tp
             self._shared = (tables.gemm(quant, gates * inter, h), tables.gemm(quant, h, inter))
-        # (over more GPUs than a node holds: the node's measured all-reduce, and
+        # (over more GPUs than a node holds: the node's measured exchange, and
         # across_nodes_s for the hop between nodes)
         self._exchange = self._exchange_curve(min(ep, self.peaks.max_gpus))
         if self._exchange is not None and ep > self.peaks.max_gpus:
             across_nodes_s(self.peaks, 1.0, ep)  # refuses a GPU with no network, by name
             self.notes.append(f"experts' exchange over {ep} GPUs: the {self.peaks.max_gpus}-GPU "
-                              "all-reduce within a node, then the network between nodes "
+                              "exchange within a node, then the network between nodes "
                               f"({self.peaks.network_bytes_s / 1e9:g} GB/s a GPU)")
 
     def _exchange_curve(self, num_gpus: int):
