@@ -98,8 +98,11 @@ def load_config(path: Path) -> dict[str, Any]:
 
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec a Hugging Face config describes (text_config of a multimodal one)."""
-    quantization, kv_cache_dtype = _quantization(config.get("quantization_config"), name)
-    raw, config = config, config.get("text_config") or config
+    # (a multimodal config may keep it beside its text model's fields: Kimi-K2.5)
+    quantized = config.get("quantization_config") or (
+        config.get("text_config") or {}).get("quantization_config")
+    quantization, kv_cache_dtype = _quantization(quantized, name)
+    config = config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -135,7 +138,8 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             qk_norm=model_type in ("qwen3", "qwen3_moe") or bool(config.get("use_qk_norm")),
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
             quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-            weight_block_size=weight_block_size(raw.get("quantization_config"), quantization),
+            weight_block_size=weight_block_size(quantized, quantization),
+            expert_quantization=expert_quantization_of(quantized, name),
             **family, **gpt_oss_fields(config, name, model_type),
             **minimax_fields(config, model_type),
         )
@@ -179,7 +183,7 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
     ModelOpt FP8 checkpoint, or compressed-tensors with 8-bit float weights) and the KV
     cache it turns on under --kv-cache-dtype auto (ModelOpt's kv_cache_quant_algo FP8 gives
     fp8_e4m3, a compressed-tensors kv_cache_scheme of 8-bit floats fp8; quant_method fp8
-    has none). MXFP4 experts alone (expert_quantization_of) leave the other linear
+    has none). MXFP4 or int4 experts alone (expert_quantization_of) leave the other linear
     layers in the serving dtype. Any other scheme is refused by name, never priced as 16-bit
     weights."""
     if not quantized:
@@ -208,7 +212,8 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
                                 "not priced; FP8 weights are (quant_method fp8, modelopt "
                                 "FP8, compressed-tensors FP8, or --quantization fp8 with the "
                                 "unquantized model's config), and MXFP4 experts "
-                                "(quant_method mxfp4)")
+                                "(quant_method mxfp4) or int4 ones (compressed-tensors "
+                                "W4A16)")
 
 
 def _fp8_scheme(scheme: Any) -> bool:

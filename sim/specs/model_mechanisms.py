@@ -5,6 +5,7 @@ models approximate about them, for a deployment's line.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sim.specs.model_specs import ModelSpec
@@ -33,10 +34,61 @@ def check_sliding(config: dict[str, Any], name: str, layer_types: list[str]) -> 
 _MXFP4_KEPT = ("self_attn", "router", "embed_tokens", "lm_head")
 
 
+# Modules an int4 compressed-tensors checkpoint must leave unquantized (its `ignore` list)
+# for its routed experts alone to be int4, by their names in a DeepSeek-style layout
+# (Kimi-K2's): attention, shared experts, a dense layer's MLP, the LM head; and a routed
+# expert's, which it must quantize.
+_INT4_KEPT = {"attention": "model.layers.0.self_attn.q_a_proj",
+              "shared experts": "model.layers.3.mlp.shared_experts.gate_proj",
+              "dense MLP": "model.layers.0.mlp.gate_proj", "lm_head": "lm_head"}
+_ROUTED_EXPERT = "model.layers.3.mlp.experts.0.gate_proj"
+
+
+def _ignored(module: str, ignore: list) -> bool:
+    """Whether a compressed-tensors `ignore` entry (a name, or "re:" and a regex) names it."""
+    for entry in ignore:
+        entry = str(entry)
+        if entry.startswith("re:") and re.match(entry[3:], module):
+            return True
+        if module == entry or module.endswith("." + entry):
+            return True
+    return False
+
+
+def _int4_experts(quantized: dict, name: str) -> bool:
+    """Whether a compressed-tensors checkpoint quantizes its routed experts alone to 4-bit
+    integers, weight-only in groups of 32 (vLLM runs them with 16-bit GEMMs, Marlin MoE);
+    an int4 scheme beyond that is refused by name."""
+    if quantized.get("quant_method") != "compressed-tensors":
+        return False
+    groups = [g for g in (quantized.get("config_groups") or {}).values() if isinstance(g, dict)]
+    weights = [g.get("weights") or {} for g in groups]
+    if not weights or not all(w.get("type") == "int" and w.get("num_bits") == 4
+                              for w in weights):
+        return False
+    if any(g.get("input_activations") for g in groups) or not all(
+            w.get("strategy") == "group" and w.get("group_size") == 32 for w in weights):
+        raise UnsupportedModelError(f"{name}: quantization_config int4 other than weight-only "
+                                    "in groups of 32 (W4A16) is not priced")
+    ignore = quantized.get("ignore") or []
+    quantized_too = [what for what, module in _INT4_KEPT.items()
+                     if not _ignored(module, ignore)]
+    if quantized_too or _ignored(_ROUTED_EXPERT, ignore):
+        raise UnsupportedModelError(
+            f"{name}: quantization_config int4 on {', '.join(quantized_too) or 'no experts'} "
+            "is not priced; int4 routed experts are")
+    return True
+
+
 def expert_quantization_of(quantized: Any, name: str) -> str | None:
-    """"mxfp4" for a checkpoint whose routed experts alone are MXFP4 (gpt-oss); None for
-    any other. MXFP4 on other modules is refused by name."""
-    if not isinstance(quantized, dict) or quantized.get("quant_method") != "mxfp4":
+    """"mxfp4" for a checkpoint whose routed experts alone are MXFP4 (gpt-oss), "int4" for
+    one whose routed experts alone are 4-bit integers (Kimi-K2); None for any other. Either
+    format on other modules is refused by name."""
+    if not isinstance(quantized, dict):
+        return None
+    if _int4_experts(quantized, name):
+        return "int4"
+    if quantized.get("quant_method") != "mxfp4":
         return None
     kept = " ".join(quantized.get("modules_to_not_convert") or [])
     missing = [module for module in _MXFP4_KEPT if module not in kept]
@@ -60,9 +112,7 @@ def gpt_oss_fields(config: dict[str, Any], name: str, model_type: str | None) ->
         return {}
     layer_types = config.get("layer_types") or []
     sliding = layer_types.count("sliding_attention")
-    return {"expert_quantization": expert_quantization_of(config.get("quantization_config"),
-                                                        name),
-            "sliding_window": int(config["sliding_window"]) if sliding else 0,
+    return {"sliding_window": int(config["sliding_window"]) if sliding else 0,
             "num_sliding_layers": sliding, "attention_sinks": True, "o_bias": True,
             "expert_bias": True}
 
@@ -86,9 +136,13 @@ def pricing_notes(spec: ModelSpec) -> list[str]:
             "sequence's window blocks not held")
     if spec.attention_sinks:
         notes.append("attention sinks (a learned logit a head) add negligible work: not priced")
-    if spec.expert_quantization:
+    if spec.expert_quantization == "mxfp4":
         notes.append(f"{spec.expert_quantization} experts weight-only: "
                      f"{spec.expert_weight_bytes(2) * 8:g}-bit weights read, 16-bit GEMMs "
                      "(vLLM's Hopper path; on GPUs with fp4 tensor cores, B200 among them, "
                      "extrapolated: no GPU file gives an fp4 peak)")
+    elif spec.expert_quantization:
+        notes.append(f"{spec.expert_quantization} experts weight-only: "
+                     f"{spec.expert_weight_bytes(2) * 8:g}-bit weights read, 16-bit GEMMs "
+                     "(vLLM's Marlin MoE kernels)")
     return notes

@@ -14,7 +14,10 @@ GATED_ACTIVATIONS = ("silu", "swiglu", "gelu_pytorch_tanh_gated")
 # Expert quantizations a checkpoint may carry apart from its other linear layers, and the
 # bytes one expert weight takes in each. MXFP4 (OCP microscaling): 4-bit values in blocks of
 # 32 sharing one 8-bit scale, 4 + 8 / 32 = 4.25 bits a weight.
-EXPERT_WEIGHT_BYTES: dict[str, float] = {"mxfp4": 4.25 / 8}
+EXPERT_WEIGHT_BYTES: dict[str, float] = {
+    "mxfp4": 4.25 / 8,  # 4-bit values, one 8-bit scale a 32 (gpt-oss)
+    "int4": 4.5 / 8,  # 4-bit integers, one 16-bit scale a group of 32 (W4A16: Kimi-K2)
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ class ModelSpec:
     # of sim.cost.roofline.KV_CACHE_DTYPES, e.g. fp8_e4m3), or None: the serving dtype.
     kv_cache_dtype: str | None = None
     # Routed experts' own weight format where it differs from the other linear layers'
-    # (gpt-oss: "mxfp4", one of EXPERT_WEIGHT_BYTES); None: as the other linear layers.
+    # (gpt-oss: "mxfp4", Kimi-K2: "int4", one of EXPERT_WEIGHT_BYTES); None: as the other
+    # linear layers.
     expert_quantization: str | None = None
     # FP8 weights scaled per block of this many x this many (a checkpoint's
     # weight_block_size: MiniMax-M2, DeepSeek-V3); 0: per-tensor scales.

@@ -58,6 +58,8 @@ PUBLISHED_PARAMS = {
     "openai/gpt-oss-120b": 116_830_000_000,
     # MiniMax-M2.5's model card: "230B total" (vLLM loads no MTP module: not counted).
     "MiniMaxAI/MiniMax-M2.5": 230_000_000_000,
+    # Kimi-K2.5's model card: "1T" total (rounded; its vision tower is not priced).
+    "moonshotai/Kimi-K2.5": 1_000_000_000_000,
 }
 
 # K and V bytes per token in bf16: 2 (K, V) x layers x KV heads x head_dim x 2 bytes.
@@ -80,9 +82,11 @@ KV_BYTES_BF16 = {
     # sliding-window layers' window comes on top, sim.specs.model_specs).
     "openai/gpt-oss-120b": 2 * 18 * 8 * 64 * 2,
     "MiniMaxAI/MiniMax-M2.5": 2 * 62 * 8 * 128 * 2,
+    "moonshotai/Kimi-K2.5": 61 * (512 + 64) * 2,
 }
 TOLERANCE = {"meta-llama/Llama-4-Scout-17B-16E": 0.02,
-             "meta-llama/Llama-4-Scout-17B-16E-Instruct": 0.02}
+             "meta-llama/Llama-4-Scout-17B-16E-Instruct": 0.02,
+             "moonshotai/Kimi-K2.5": 0.03}
 
 
 def test_every_issue_model_ships() -> None:
