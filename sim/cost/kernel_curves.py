@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -74,6 +74,14 @@ def blend(parts: Iterable[tuple[Curve, float]], scale: float = 1.0) -> Curve:
     ys = [scale * math.exp(sum(w * math.log(c(x)) for c, w in parts)) for x in knots]
     powers = {c.power for c, _ in parts}
     return Curve(knots, ys, power=powers.pop() if len(powers) == 1 else max(powers))
+
+
+def pointwise(curves: Sequence[Curve], combine: Callable[[Iterable[float]], float]) -> Curve:
+    """The curve of `combine` (min, sum) of the curves' latencies at each size any measured."""
+    if len(curves) == 1:
+        return curves[0]
+    knots = sorted({x for c in curves for x in c.xs})
+    return Curve(knots, [combine(c(x) for c in curves) for x in knots])
 
 
 def bracket(grid: Sequence[int], x: float) -> tuple[list[tuple[int, float]], float]:

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from sim.cost.kernel_collectives import AllReduce, custom_max_bytes
-from sim.cost.kernel_curves import Curve, Grid, blend, bracket, graph_replayed_block
+from sim.cost.kernel_curves import (
+    Curve,
+    Grid,
+    blend,
+    bracket,
+    graph_replayed_block,
+    pointwise,
+)
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "aiconfigurator"
 
@@ -251,10 +258,7 @@ class KernelTables:
         curves = [Curve(rows["tokens"][rows["routing"] == routing].tolist(),
                         rows["latency_ms"][rows["routing"] == routing].tolist())
                   for routing in sorted(set(rows["routing"].tolist()))]
-        if len(curves) == 1:
-            return curves[0]
-        tokens = sorted(set().union(*(curve.xs for curve in curves)))
-        return Curve(tokens, [min(curve(t) for curve in curves) for t in tokens])
+        return pointwise(curves, min)
 
     # ---- all-reduce -------------------------------------------------------------------
 
@@ -291,8 +295,7 @@ class KernelTables:
             if not len(rows.get("latency_ms", ())):
                 return None
             curves.append(Curve(rows["message_bytes"].tolist(), rows["latency_ms"].tolist()))
-        sizes = sorted(set(curves[0].xs) | set(curves[1].xs))
-        return Curve(sizes, [curves[0](x) + curves[1](x) for x in sizes])
+        return pointwise(curves, sum)
 
 
 def available_gpus(data_dir: Path = DATA_DIR) -> list[str]:
