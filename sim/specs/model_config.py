@@ -101,7 +101,9 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     # (a multimodal config may keep it beside its text model's fields: Kimi-K2.5)
     quantized = config.get("quantization_config") or (
         config.get("text_config") or {}).get("quantization_config")
-    quantization, kv_cache_dtype = _quantization(quantized, name)
+    # MXFP4 or int4 routed experts alone leave the other linear layers in the serving dtype.
+    experts = expert_quantization_of(quantized, name)
+    quantization, kv_cache_dtype = (None, None) if experts else _quantization(quantized, name)
     config = config.get("text_config") or config
     model_type = config.get("model_type")
     _check_priced(config, name, model_type)
@@ -139,7 +141,7 @@ def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
             attention_chunk_size=int(config.get("attention_chunk_size") or 0),
             quantization=quantization, kv_cache_dtype=kv_cache_dtype,
             weight_block_size=weight_block_size(quantized, quantization),
-            expert_quantization=expert_quantization_of(quantized, name),
+            expert_quantization=experts,
             **family, **gpt_oss_fields(config, name, model_type),
             **minimax_fields(config, model_type),
         )
@@ -183,9 +185,8 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
     ModelOpt FP8 checkpoint, or compressed-tensors with 8-bit float weights) and the KV
     cache it turns on under --kv-cache-dtype auto (ModelOpt's kv_cache_quant_algo FP8 gives
     fp8_e4m3, a compressed-tensors kv_cache_scheme of 8-bit floats fp8; quant_method fp8
-    has none). MXFP4 or int4 experts alone (expert_quantization_of) leave the other linear
-    layers in the serving dtype. Any other scheme is refused by name, never priced as 16-bit
-    weights."""
+    has none). Any other scheme but experts' own (expert_quantization_of, checked first) is
+    refused by name, never priced as 16-bit weights."""
     if not quantized:
         return None, None
     method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
@@ -196,8 +197,6 @@ def _quantization(quantized: Any, name: str) -> tuple[str | None, str | None]:
         if str(inner.get("quant_algo", "")).upper() == "FP8":
             kv = inner.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
             return "fp8", _modelopt_kv(kv, name)
-    if expert_quantization_of(quantized, name):
-        return None, None
     if method == "compressed-tensors":
         groups = quantized.get("config_groups") or {}
         weights = [group.get("weights") or {} for group in groups.values()
