@@ -2,7 +2,8 @@
 all-reduces read from tables of one GPU and vLLM version (sim.cost.kernel_tables).
 
 A step's time is, per layer: the QKV and O GEMMs, prefill attention over each chunk's
-context and decode attention by rows and mean KV length, the MLP's GEMMs or the fused-MoE
+context and decode attention by rows and mean KV length (never faster than the GPU's
+memory reads that KV), the MLP's GEMMs or the fused-MoE
 layer at its tokens, two all-reduces of [tokens, hidden] (vLLM's custom all-reduce below
 its size limit, NCCL above); then the LM head GEMM over the rows that sample. Norms, RoPE,
 activations, FP8 activation quantization and the sampler have no table: they keep the
@@ -103,6 +104,7 @@ class KernelCostModel(GpuCostModel):
                               "(extrapolated)")
         elif kv != "auto":
             self.notes.append(f"{kv_cache_dtype} KV cache: attention from the FP8-KV tables")
+        self._kv_ms_per_token = streamed_ms_per_token(self._generation, self._kv_bytes_layer)
 
     def _block_fp8(self, quantization: str | None) -> str | None:
         """"fp8_block" for an FP8 checkpoint with block scales where the tables measure
@@ -269,27 +271,55 @@ class KernelCostModel(GpuCostModel):
             if curve is None:
                 curve = self._decode_rows[decode_seqs] = self._generation.row(decode_seqs)
             kv_per_row = plan.decode_context / decode_seqs
-            decode = self._decode_mean_s(curve, kv_per_row)
+            decode = self._decode_mean_s(decode_seqs, curve, kv_per_row)
             if plan.prefill_tokens:
                 decode *= self.terms.mixed_decode_factor(decode_seqs, kv_per_row, self._group)
             layer += decode
             host += self._kernel_s
         return layer, host
 
-    def _decode_mean_s(self, curve: Curve, context: float) -> float:
-        """One layer's decode attention at a mean KV length, averaged over the layers: a
-        sliding-window layer reads at most the window."""
-        out = curve(context)
+    def _decode_mean_s(self, rows: int, curve: Curve, context: float) -> float:
+        """One layer's decode attention of `rows` rows at a mean KV length, averaged over the
+        layers: a sliding-window layer reads at most the window."""
+        out = self._streamed_ms(rows, curve, context)
         if self._window and context > self._window:
-            out += self._window_share * (curve(self._window) - out)
+            out += self._window_share * (self._streamed_ms(rows, curve, self._window) - out)
         return out * MS
+
+    def _streamed_ms(self, rows: int, curve: Curve, context: float) -> float:
+        """The table's decode attention, never below reading the rows' KV from memory at the
+        rate the table itself measured on KV far larger than any cache (ms). The tables time
+        a kernel replayed in a loop, so a KV that fits the GPU's L2 cache is read from there;
+        in a model's step every other layer passes between two reads of one layer's KV."""
+        out = curve(context)
+        floor = rows * context * self._kv_ms_per_token
+        return out if out > floor else floor
 
     def _decode_attention_s(self, rows: int, contexts: range) -> list[float]:
         """One layer's decode attention of `rows` rows from the measured table."""
         curve = self._generation.row(rows)
         if not self._window:  # (the common case, kept to one call a step: the replay's hot path)
-            return [curve(ctx / rows) * MS for ctx in contexts]
-        return [self._decode_mean_s(curve, ctx / rows) for ctx in contexts]
+            per_token = self._kv_ms_per_token
+            return [max(curve(ctx / rows), ctx * per_token) * MS for ctx in contexts]
+        return [self._decode_mean_s(rows, curve, ctx / rows) for ctx in contexts]
+
+
+# Decode attention reading at least this much KV (bytes) streams it from memory on every
+# measured GPU: four times the largest L2 cache among them (RTX PRO 6000, 128 MB).
+STREAMED_KV_BYTES = 512 * 2**20
+
+
+def streamed_ms_per_token(grid: Grid, kv_bytes_per_token: float) -> float:
+    """Milliseconds to read one token's KV of one layer from GPU memory, at the median rate
+    of the decode attention `grid` (ms by rows, then KV length per row) over its points
+    reading at least STREAMED_KV_BYTES; 0 (no floor) where no point reads that much."""
+    rates = sorted(rows * length * kv_bytes_per_token / ms
+                   for rows, curve in grid.rows.items()
+                   for length, ms in zip(curve.xs, curve.ys, strict=True)
+                   if rows * length * kv_bytes_per_token >= STREAMED_KV_BYTES)
+    if not rates:
+        return 0.0
+    return kv_bytes_per_token / rates[len(rates) // 2]
 
 
 def _scaled_pairs_s(row: Curve, seqs: int, length: float, pairs: float, floor_len: float

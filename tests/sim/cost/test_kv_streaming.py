@@ -1,0 +1,80 @@
+"""Decode attention from the kernel tables never reads a step's KV faster than the GPU's memory
+delivers it. The tables time a kernel replayed in a loop, so a KV that fits the L2 cache (128 MB
+on the RTX PRO 6000, 96 MB on the L40S) is read from the cache; in a model's step every other
+layer runs between two reads of one layer's KV."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.cost.kernel_cost import STREAMED_KV_BYTES, KernelCostModel
+from sim.cost.kernel_tables import available_gpus
+from sim.deployment import DeploymentOptions, build_deployment
+from sim.engine.core import BatchPlan
+from sim.specs.hardware import hardware_spec
+
+GPUS = available_gpus()
+SHAPES = [(rows, length) for rows in (1, 8, 32, 64, 128, 256) for length in (128, 512, 1024,
+                                                                               2048, 4096)]
+
+
+def _model(gpu: str, kv_cache_dtype: str = "auto") -> KernelCostModel:
+    model = build_deployment(DeploymentOptions(
+        model="Qwen/Qwen3-32B", hardware=gpu, tensor_parallel=2, cost="kernels",
+        kv_cache_dtype=kv_cache_dtype)).cost_model
+    assert isinstance(model, KernelCostModel)
+    return model
+
+
+def _read_rate(model: KernelCostModel, rows: int, length: int, seconds: float) -> float:
+    return rows * length * model._kv_bytes_layer / seconds
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_decode_attention_never_reads_kv_faster_than_the_gpu_memory(gpu):
+    model, peak = _model(gpu), hardware_spec(gpu).mem_bandwidth_bytes_s
+    for rows, length in SHAPES:
+        fast_path = model._decode_attention_s(rows, [rows * length])[0]
+        mean_path = model._decode_mean_s(rows, model._generation.row(rows), length)
+        assert fast_path == pytest.approx(mean_path)
+        assert _read_rate(model, rows, length, fast_path) <= peak, (gpu, rows, length)
+
+
+@pytest.mark.parametrize("gpu", ["rtx-pro-6000", "l40s"])
+def test_a_kv_that_fits_the_cache_is_priced_above_the_raw_table(gpu):
+    """(the case the floor exists for: these GPUs' tables read a cache-sized KV faster than
+    their memory's datasheet rate)"""
+    model, peak = _model(gpu), hardware_spec(gpu).mem_bandwidth_bytes_s
+    raised = [(rows, length) for rows, length in SHAPES
+              if _read_rate(model, rows, length,
+                            model._generation.row(rows)(length) * 1e-3) > peak]
+    assert raised  # the raw table beats the memory somewhere
+    rows, length = raised[0]
+    priced = model._decode_attention_s(rows, [rows * length])[0]
+    assert priced > model._generation.row(rows)(length) * 1e-3
+
+
+@pytest.mark.parametrize(("gpu", "kv"), [(gpu, kv) for gpu in GPUS for kv in ("auto", "fp8")
+                                         if kv == "auto" or hardware_spec(gpu).peak_fp8_flops])
+def test_the_streaming_rate_is_the_tables_own_and_below_the_datasheet(gpu, kv):
+    model = _model(gpu, kv)
+    rate = model._kv_bytes_layer / (model._kv_ms_per_token * 1e-3)
+    assert 0.6 < rate / hardware_spec(gpu).mem_bandwidth_bytes_s < 1.0
+    # a KV far larger than any cache keeps the table's own price at its median point
+    big = [(rows, length) for rows, curve in model._generation.rows.items()
+           for length in curve.xs
+           if rows * length * model._kv_bytes_layer >= STREAMED_KV_BYTES]
+    kept = sum(model._decode_attention_s(rows, [int(rows * length)])[0]
+               == pytest.approx(model._generation.row(rows)(length) * 1e-3)
+               for rows, length in big)
+    assert kept >= len(big) // 2
+
+
+def test_a_step_beside_a_prefill_chunk_keeps_the_floor():
+    model = _model("rtx-pro-6000")
+    decode = BatchPlan(decode_seqs=64, decode_context=64 * 1024)
+    mixed = BatchPlan(prefill_seqs=1, prefill_tokens=256, prefill_attn=256 * 256,
+                      decode_seqs=64, decode_context=64 * 1024)
+    floor_s = 64 * 1024 * model._kv_ms_per_token * 1e-3 * model.shapes.num_layers
+    assert model.predict(decode) > floor_s
+    assert model.predict(mixed) > model.predict(decode)
