@@ -274,6 +274,7 @@ def verify_as_decodes(plan: BatchPlan, over_proposals: bool = True) -> BatchPlan
         out.prefill_attn_causal -= n * ctx - n * (n - 1) // 2
         out.prefill_seqs -= 1
         out.decode_seqs += 1
+        out.num_sampled -= k  # a decode's one logits row, not the verify's k + 1
         read = ctx if over_proposals else ctx - k
         out.decode_context += read
         out.decode_context_max = max(out.decode_context_max, read)

@@ -128,7 +128,10 @@ class GpuCostModel(LayerCost):
         swap_s = self._swap_s_per_token * plan.swap_tokens if plan.swap_tokens else 0.0
         if not tokens:
             return swap_s
-        per_tokens, per_rows = self._per_counts(tokens, plan.prefill_seqs + decode_seqs)
+        rows = plan.prefill_seqs + decode_seqs
+        per_tokens, per_rows = self._per_counts(tokens, rows)
+        if plan.num_spec_tokens:  # a verifying row's logits at each of its k + 1 positions
+            per_rows = (self.sample_s(rows + sum(plan.num_spec_tokens.values())), per_rows[1])
         layer, host = self._with_attention(plan, per_tokens[0], self._host_layer_s)
         if not self.engine.full_graph(plan.prefill_tokens, decode_seqs):
             host += self.engine.piecewise_layer_s  # piecewise graphs: eager launches

@@ -42,8 +42,9 @@ def add_to_plan(plan: BatchPlan, request: Request, n: int) -> None:
 
 def add_verify(plan: BatchPlan, request: Request, k: int, token_ids: tuple[int, ...]) -> None:
     """Speculative decoding: a decoding row verifies k proposals, computing its last token
-    and them as one (k + 1)-token chunk that samples at every position; cost models price
-    it as the chunk it is. token_ids: the proposals' ids (empty in pure simulation)."""
+    and them as one (k + 1)-token chunk that samples at every position (k + 1 logits rows:
+    the target's choice after each proposal and after the last); cost models price it as the
+    chunk it is. token_ids: the proposals' ids (empty in pure simulation)."""
     rid = request.request_id
     plan.num_scheduled_tokens[rid] = n = k + 1
     plan.requests.append(request)
@@ -51,7 +52,7 @@ def add_verify(plan: BatchPlan, request: Request, k: int, token_ids: tuple[int, 
     if token_ids:
         plan.spec_token_ids[rid] = list(token_ids)
     ctx = request.num_computed_tokens + n
-    plan.num_sampled += 1
+    plan.num_sampled += n
     plan.prefill_tokens += n
     plan.prefill_attn += n * ctx
     plan.prefill_attn_causal += n * ctx - n * (n - 1) // 2
@@ -101,9 +102,10 @@ def add_decodes(plan: BatchPlan, requests: list[Request]) -> None:
 def remove_from_plan(plan: BatchPlan, request: Request, n: int) -> None:
     """Take a request's totals back out of the plan (the maxima stay: an upper bound)."""
     ctx = request.num_computed_tokens + n
-    if plan.num_spec_tokens and plan.num_spec_tokens.pop(request.request_id, None):
+    k = plan.num_spec_tokens.pop(request.request_id, None) if plan.num_spec_tokens else None
+    if k:
         plan.spec_token_ids.pop(request.request_id, None)
-        plan.num_sampled -= 1  # a verifying row samples; its chunk totals go below
+        plan.num_sampled -= k + 1  # a verifying row's logits rows; its chunk totals go below
     if ctx == request.num_tokens:
         plan.num_sampled -= 1
     if n == 1 and ctx == request.num_tokens:

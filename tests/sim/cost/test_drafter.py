@@ -15,7 +15,7 @@ from sim.cost.drafter import (
     verify_as_decodes,
 )
 from sim.cost.gpu_cost import gpu_cost_backend
-from sim.engine.batch_plan import add_to_plan, add_verify
+from sim.engine.batch_plan import add_to_plan, add_verify, remove_from_plan
 from sim.engine.core import BatchPlan, Request
 from sim.engine.speculation.config import SpeculativeConfig
 from sim.specs.hardware import hardware_spec
@@ -62,6 +62,26 @@ def test_verify_floor_keeps_a_verify_step_at_least_a_decode_step():
     decode = target.predict(verify_as_decodes(plan))
     assert target.predict(plan) < decode  # what the floor is for
     assert SpeculativeCostModel(target).execute(plan).duration_s == pytest.approx(decode)
+
+
+def test_a_verifying_row_computes_logits_at_each_of_its_positions():
+    """k + 1 logits rows (the target's token after each proposal and after the last), as
+    the executor and vLLM compute them; as a decode, one."""
+    plan = _verify_plan([3, 1])
+    assert plan.num_sampled == 4 + 2
+    assert verify_as_decodes(plan).num_sampled == 2
+    remove_from_plan(plan, plan.requests[0], 4)
+    assert plan.num_sampled == 2 and plan.prefill_tokens == 2
+
+
+def test_the_gpu_model_prices_the_lm_head_over_every_verified_position():
+    target = gpu_cost_backend(resolve_model("llama-3-8b"), hardware_spec("h100"))
+    plan = _verify_plan([4] * 8)
+    one_row_each = _verify_plan([4] * 8)
+    one_row_each.num_spec_tokens.clear()
+    added = target.predict(plan) - target.predict(one_row_each)
+    assert added == pytest.approx(target.sample_s(40) - target.sample_s(8))
+    assert added > 0
 
 
 def test_heads_and_first_layers_take_the_targets_shapes():

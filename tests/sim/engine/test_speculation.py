@@ -100,7 +100,8 @@ class Recorder:
             return
         plan, before, accepted = self.last
         gained = sum(r.num_output_tokens - before[r.request_id] for r in plan.requests)
-        assert gained == plan.num_sampled + self.sched.speculator.num_accepted_tokens - accepted
+        sampling_rows = plan.num_sampled - sum(plan.num_spec_tokens.values())
+        assert gained == sampling_rows + self.sched.speculator.num_accepted_tokens - accepted
 
     def execute(self, plan: BatchPlan) -> StepResult:
         self.check_last()
