@@ -2,10 +2,10 @@
 all-reduces read from tables of one GPU and vLLM version (sim.cost.kernel_tables).
 
 A step's time is, per layer: the QKV and O GEMMs, prefill attention over each chunk's
-context and decode attention by rows and mean KV length (never faster than the GPU's
-memory reads that KV), the MLP's GEMMs or the fused-MoE
-layer at its tokens, two all-reduces of [tokens, hidden] (vLLM's custom all-reduce below
-its size limit, NCCL above); then the LM head GEMM over the rows that sample. Norms, RoPE,
+context and decode attention by rows and mean KV length (never faster than the GPU's memory
+reads that KV), the MLP's GEMMs or the fused-MoE layer at its tokens, two all-reduces of
+[tokens, hidden] (vLLM's custom all-reduce below its size limit, NCCL above); then the LM
+head GEMM over the rows that sample. Norms, RoPE,
 activations, FP8 activation quantization and the sampler have no table: they keep the
 fitted model's small-op and sampler terms, as does the engine's host time
 (sim.cost.engine_overhead). The step adds up as the fitted model's does (GpuCostModel),
