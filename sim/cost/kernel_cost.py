@@ -78,6 +78,7 @@ class KernelCostModel(GpuCostModel):
             self.notes.append(f"all-reduce over {tp} GPUs from the GPU file")
         self._attention_grids(kv_cache_dtype)
         self._decode_rows: dict[int, Curve] = {}  # decode attention by rows (predict's)
+        self._fewest_experts_ms = self._fewest_experts_read_ms()
 
     def _attention_grids(self, kv_cache_dtype: str) -> None:
         """Prefill and decode attention over the deployment's KV cache: the FP8-KV tables
@@ -142,6 +143,23 @@ class KernelCostModel(GpuCostModel):
             self.notes.append(f"experts' exchange over {ep} GPUs: the {self.peaks.max_gpus}-GPU "
                               "exchange within a node, then the network between nodes "
                               f"({self.peaks.network_bytes_s / 1e9:g} GB/s a GPU)")
+
+    def _fewest_experts_read_ms(self) -> float:
+        """The least a fused-MoE layer can take on one GPU (ms): the weights of the fewest
+        routed experts it can hold for a step, read from memory at the rate the decode
+        attention table streams KV (`_streamed_ms`). Every token picks its top-k distinct
+        experts, so the busiest of ep GPUs holds at least k / ep of them (rounded up). The
+        MoE table, timed in a loop like the attention table, reads a few experts that fit
+        the L2 cache from there (the L40S's: 8 of Qwen3-30B-A3B's, 75 MB, at 2.2 TB/s)."""
+        s = self.shapes
+        if not s.is_moe or not self._kv_ms_per_token:
+            return 0.0
+        ep = self.expert_parallel
+        inter = s.moe_intermediate_size // (self.tensor_parallel if ep == 1 else 1)
+        matrices = 3 if s.gated_mlp else 2
+        expert_bytes = matrices * s.hidden_size * inter * self._expert_bytes
+        fewest = -(-s.experts_per_token // ep)
+        return fewest * expert_bytes * self._kv_ms_per_token / self._kv_bytes_layer
 
     def _exchange_curve(self, num_gpus: int):
         """The experts' exchange between data-parallel ranks (ms against message bytes): the
@@ -210,7 +228,10 @@ class KernelCostModel(GpuCostModel):
         tokens reaching this GPU, the ranks' exchange and any shared expert."""
         s, b, h = self.shapes, self.dtype_bytes, self.shapes.hidden_size
         group = tokens * self.data_parallel if group_tokens is None else group_tokens
-        out = (self._router(tokens) + self._moe(group)) * MS
+        experts = self._moe(group)
+        if experts < self._fewest_experts_ms:
+            experts = self._fewest_experts_ms
+        out = (self._router(tokens) + experts) * MS
         if self._exchange is not None:  # all-gather in, reduce-scatter out
             message = group * h * b
             out += (self._exchange(message) * MS

@@ -1,7 +1,8 @@
-"""Decode attention from the kernel tables never reads a step's KV faster than the GPU's memory
-delivers it. The tables time a kernel replayed in a loop, so a KV that fits the L2 cache (128 MB
-on the RTX PRO 6000, 96 MB on the L40S) is read from the cache; in a model's step every other
-layer runs between two reads of one layer's KV."""
+"""Decode attention and fused-MoE layers from the kernel tables never read a step's KV or
+experts faster than the GPU's memory delivers them. The tables time a kernel replayed in a loop,
+so a KV or a few experts that fit the L2 cache (128 MB on the RTX PRO 6000, 96 MB on the L40S)
+are read from the cache; in a model's step every other layer runs between two reads of one
+layer's."""
 
 from __future__ import annotations
 
@@ -81,3 +82,42 @@ def test_a_whole_step_pays_the_floor_with_or_without_a_prefill_chunk(prefill_tok
     floored = model.predict(plan)
     model._kv_ms_per_token = 0.0  # the raw table
     assert floored > model.predict(plan)
+
+
+def _moe_model(gpu: str, **parallel) -> KernelCostModel:
+    model = build_deployment(DeploymentOptions(
+        model="Qwen/Qwen3-30B-A3B-Instruct-2507", hardware=gpu, cost="kernels",
+        **parallel)).cost_model
+    assert isinstance(model, KernelCostModel)
+    return model
+
+
+def _experts_bytes(model: KernelCostModel, experts: int, inter: int) -> float:
+    return experts * 3 * model.shapes.hidden_size * inter * 2  # gate, up, down in bf16
+
+
+@pytest.mark.parametrize(("gpu", "tp"), [("rtx-pro-6000", 1), ("l40s", 2), ("h100", 1),
+                                         ("b200", 1)])
+def test_one_token_reads_its_top_k_experts_no_faster_than_the_gpu_memory(gpu, tp):
+    """Qwen3-30B-A3B: a token's 8 experts of 2,048 x 768 (75 MB, over tp GPUs)."""
+    model = _moe_model(gpu, tensor_parallel=tp)
+    inter = model.shapes.moe_intermediate_size // tp
+    least = _experts_bytes(model, model.shapes.experts_per_token, inter)
+    assert least / model.moe_mlp_s(1) <= hardware_spec(gpu).mem_bandwidth_bytes_s
+
+
+def test_the_l40s_moe_table_reads_a_tokens_experts_from_its_cache():
+    """(the case the floor exists for: 38 MB of experts a GPU read at 1.45 TB/s, on 0.86 TB/s
+    of memory)"""
+    model = _moe_model("l40s", tensor_parallel=2)
+    floored = model.moe_mlp_s(1)
+    model._fewest_experts_ms = 0.0  # the raw table
+    assert floored > 1.2 * model.moe_mlp_s(1)
+
+
+def test_expert_parallel_counts_the_busiest_gpus_share_of_a_tokens_experts():
+    """Under EP over 2 GPUs a token's 8 experts leave at least 4 whole ones on one GPU."""
+    model = _moe_model("rtx-pro-6000", data_parallel=2, expert_parallel=True)
+    rate = model._kv_bytes_layer / model._kv_ms_per_token  # bytes a ms
+    least = _experts_bytes(model, 4, model.shapes.moe_intermediate_size)
+    assert model._fewest_experts_ms == pytest.approx(least / rate)
