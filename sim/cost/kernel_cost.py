@@ -5,11 +5,10 @@ A step's time is, per layer: the QKV and O GEMMs, prefill attention over each ch
 context and decode attention by rows and mean KV length (never faster than the GPU's memory
 reads that KV), the MLP's GEMMs or the fused-MoE layer at its tokens, two all-reduces of
 [tokens, hidden] (vLLM's custom all-reduce below its size limit, NCCL above); then the LM
-head GEMM over the rows that sample. Norms, RoPE,
-activations, FP8 activation quantization and the sampler have no table: they keep the
-fitted model's small-op and sampler terms, as does the engine's host time
-(sim.cost.engine_overhead). The step adds up as the fitted model's does (GpuCostModel),
-so everything that drives that model drives this one.
+head GEMM over the rows that sample. Norms, RoPE, activations, FP8 activation quantization
+and the sampler have no table: they keep the fitted model's small-op and sampler terms, as
+does the engine's host time (sim.cost.engine_overhead). The step adds up as the fitted
+model's does (GpuCostModel), so everything that drives that model drives this one.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from sim.cost.engine_overhead import EngineOverhead, load_engine
 from sim.cost.gpu_cost import GpuCostModel
 from sim.cost.gpu_shapes import GpuPeaks, LayerShapes
 from sim.cost.gpu_terms import across_nodes_s
-from sim.cost.kernel_curves import Curve, Grid, blend
+from sim.cost.kernel_curves import Curve, Grid, blend, streamed_ms_per_token
 from sim.cost.kernel_tables import KernelTableError, KernelTables
 from sim.engine.core import BatchPlan
 from sim.specs.hardware import HardwareSpec
@@ -323,24 +322,6 @@ class KernelCostModel(GpuCostModel):
             per_token = self._kv_ms_per_token
             return [max(curve(ctx / rows), ctx * per_token) * MS for ctx in contexts]
         return [self._decode_mean_s(rows, curve, ctx / rows) for ctx in contexts]
-
-
-# Decode attention reading at least this much KV (bytes) streams it from memory on every
-# measured GPU: four times the largest L2 cache among them (RTX PRO 6000, 128 MB).
-STREAMED_KV_BYTES = 512 * 2**20
-
-
-def streamed_ms_per_token(grid: Grid, kv_bytes_per_token: float) -> float:
-    """Milliseconds to read one token's KV of one layer from GPU memory, at the median rate
-    of the decode attention `grid` (ms by rows, then KV length per row) over its points
-    reading at least STREAMED_KV_BYTES; 0 (no floor) where no point reads that much."""
-    rates = sorted(rows * length * kv_bytes_per_token / ms
-                   for rows, curve in grid.rows.items()
-                   for length, ms in zip(curve.xs, curve.ys, strict=True)
-                   if rows * length * kv_bytes_per_token >= STREAMED_KV_BYTES)
-    if not rates:
-        return 0.0
-    return kv_bytes_per_token / rates[len(rates) // 2]
 
 
 def _scaled_pairs_s(row: Curve, seqs: int, length: float, pairs: float, floor_len: float

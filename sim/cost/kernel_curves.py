@@ -7,6 +7,8 @@ and monotone between two; below the smallest measured size it holds the smallest
 linearly in the work (power 1 for rows, tokens, KV tokens and bytes; 2 for a causal
 prefill's sequence length, whose work grows with its square). `blend` combines curves with
 log-space weights, which is how a shape between measured ones is priced.
+`streamed_ms_per_token` reads a decode-attention grid's own memory rate off its largest
+points, the floor under any kernel priced from a table timed with its data in cache.
 """
 
 from __future__ import annotations
@@ -141,3 +143,21 @@ def graph_replayed_block(block: Curve, tensor: Curve) -> Curve:
     ratio = block(top) / tensor(top)
     knots = sorted({*block.xs, *tensor.xs})
     return Curve(knots, [min(block(m), ratio * tensor(m)) for m in knots], power=block.power)
+
+
+# Decode attention reading at least this much KV (bytes) streams it from memory on every
+# measured GPU: four times the largest L2 cache among them (RTX PRO 6000, 128 MB).
+STREAMED_KV_BYTES = 512 * 2**20
+
+
+def streamed_ms_per_token(grid: Grid, kv_bytes_per_token: float) -> float:
+    """Milliseconds to read one token's KV of one layer from GPU memory, at the median rate
+    of the decode attention `grid` (ms by rows, then KV length per row) over its points
+    reading at least STREAMED_KV_BYTES; 0 (no floor) where no point reads that much."""
+    rates = sorted(rows * length * kv_bytes_per_token / ms
+                   for rows, curve in grid.rows.items()
+                   for length, ms in zip(curve.xs, curve.ys, strict=True)
+                   if rows * length * kv_bytes_per_token >= STREAMED_KV_BYTES)
+    if not rates:
+        return 0.0
+    return kv_bytes_per_token / rates[len(rates) // 2]

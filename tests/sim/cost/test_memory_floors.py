@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cost.kernel_cost import STREAMED_KV_BYTES, KernelCostModel
+from sim.cost.kernel_cost import KernelCostModel
+from sim.cost.kernel_curves import STREAMED_KV_BYTES
 from sim.cost.kernel_tables import available_gpus
 from sim.deployment import DeploymentOptions, build_deployment
 from sim.engine.core import BatchPlan
