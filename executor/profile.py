@@ -1,12 +1,12 @@
 """Profile the executor's step time over a grid of batch shapes, for the calibrated cost model.
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
-(a chunk riding with decodes), ragged steps (prompt bursts with decodes) and static batches
-mostly made of padding rows. Each point is a BatchPlan built the scheduler's way
-(sim.engine.batch_plan)
-over requests whose KV blocks are allocated, run several times through ModelBackend.execute,
-in rounds over the grid; the median measured duration is the point's step time, and the
-runs' spread around it the calibration's step jitter.
+(a chunk riding with decodes), ragged steps (prompt bursts with decodes), static batches
+mostly made of padding rows and, for speculative decoding, rows verifying proposals. Each
+point is a BatchPlan built the scheduler's way (sim.engine.batch_plan) over requests whose
+KV blocks are allocated, run several times through ModelBackend.execute, in rounds over the
+grid; the median measured duration is the point's step time, and the runs' spread around it
+the calibration's step jitter.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from executor.backend import ModelBackend
 from executor.native import ROW_KNOTS
-from sim.engine.batch_plan import add_padding, add_to_plan
+from sim.engine.batch_plan import add_padding, add_to_plan, add_verify
 from sim.engine.block_manager import BlockManager
 from sim.engine.core import BatchPlan, Request
 
@@ -30,23 +30,35 @@ Share = tuple[int, int]
 class ProfilePoint:
     """One batch shape: its kind (for reports) and every sequence's share."""
 
-    kind: str  # "prefill", "decode", "mixed" or "static"
+    kind: str  # "prefill", "decode", "mixed", "static" or "verify"
     shares: tuple[Share, ...]
     # Static batching's finished rows, computed as padding: each one's KV length.
     padding: tuple[int, ...] = ()
+    # Speculative decoding: per share, the proposals its row verifies (its n tokens are its
+    # last token and those n - 1 proposals, with logits at every one); 0 for a share that
+    # does not verify. Empty: no row verifies.
+    proposals: tuple[int, ...] = ()
 
     @classmethod
     def from_plan(cls, plan: BatchPlan) -> ProfilePoint:
         """The shape of a step a run scheduled (read before the engine applies it)."""
-        kind = ("static" if plan.padding else "prefill" if not plan.decode_seqs
+        spec = plan.num_spec_tokens
+        kind = ("static" if plan.padding else "verify" if spec
+                else "prefill" if not plan.decode_seqs
                 else "mixed" if plan.prefill_tokens else "decode")
         shares = tuple((r.num_computed_tokens, plan.num_scheduled_tokens[r.request_id])
                        for r in plan.requests)
-        return cls(kind, shares, tuple(r.num_tokens for r in plan.padding))
+        proposals = tuple(spec.get(r.request_id, 0) for r in plan.requests) if spec else ()
+        return cls(kind, shares, tuple(r.num_tokens for r in plan.padding), proposals)
 
     @property
     def kv_tokens(self) -> int:
         return sum(start + n for start, n in self.shares) + sum(self.padding)
+
+    @property
+    def seqs(self) -> int:
+        """Sequences in the step, padding rows included."""
+        return len(self.shares) + len(self.padding)
 
     @property
     def rows(self) -> int:
@@ -63,8 +75,13 @@ class ProfilePoint:
         return sum(block_manager.blocks_for(length) for length in lengths)
 
 
-def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) -> list[ProfilePoint]:
-    """The profiled shapes, capped by the model length and the KV pool."""
+def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False,
+                 speculative: bool = False, max_num_seqs: int | None = None
+                 ) -> list[ProfilePoint]:
+    """The profiled shapes, capped by the model length, the KV pool and, if given, the
+    scheduler's max_num_seqs (it makes no step of more sequences, and a linear fit pulled by
+    such steps misprices the ones it makes); with `speculative`, the steps of speculative
+    decoding too (_verify_steps)."""
     chunks = (8, 32, 128, 512) if quick else (4, 16, 64, 128, 256, 512, 1024)
     contexts = (0, 512) if quick else (0, 256, 1024, 1536)
     batches = (1, 4, 16, 64) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -93,7 +110,11 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False) ->
     # its own staircase in the rows with logits, apart from the layers' in computed rows.
     for b in (12, 48):
         points += [_static(live, b - live, lengths[1]) for live in ROW_KNOTS if live < b]
-    return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens]
+    if speculative:
+        points += _verify_steps((1, 8) if quick else (1, 2, 4, 8, 16, 32, 64),
+                                (64,) if quick else (32, 256, 1024))
+    return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens
+            and (max_num_seqs is None or p.seqs <= max_num_seqs)]
 
 
 def _static(live: int, finished: int, length: int) -> ProfilePoint:
@@ -116,6 +137,24 @@ def _ragged_steps(quick: bool) -> list[ProfilePoint]:
     return points
 
 
+def _verify_steps(rows: tuple[int, ...], contexts: tuple[int, ...]) -> list[ProfilePoint]:
+    """Speculative decoding's steps: R rows each verifying k proposals over equal contexts
+    (a (k + 1)-token chunk with logits at every position), alone and, up to 16 of them, with
+    R more rows decoding one token (rows whose proposer found nothing). The cost model
+    prices a verifying row as the chunk it is; without these shapes the fit would price
+    short chunks over long contexts from whole prompts (docs/speculative.md)."""
+    points = []
+    for k in (1, 4):
+        for r in rows:
+            for context in contexts:
+                verifying = ((context, k + 1),) * r
+                points.append(ProfilePoint("verify", verifying, proposals=(k,) * r))
+                if r <= 16:
+                    points.append(ProfilePoint("verify", verifying + ((context, 1),) * r,
+                                               proposals=(k,) * r + (0,) * r))
+    return points
+
+
 def point_prompts(point: ProfilePoint, vocab_size: int, rng: np.random.Generator
                   ) -> list[list[int]]:
     """Random token ids for every sequence (and padding row) of the point, whole context."""
@@ -127,11 +166,18 @@ def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[i
                 ) -> BatchPlan:
     plan = BatchPlan()
     rows = list(point.shares) + [(length, 0) for length in point.padding]
+    proposals = point.proposals or (0,) * len(point.shares)
     for i, ((start, n), tokens) in enumerate(zip(rows, prompts, strict=True)):
-        request = Request(f"profile-{i}", 0.0, start + n, 1, prompt_token_ids=tokens)
+        k = proposals[i] if i < len(proposals) else 0
+        # A verifying row: its sequence ends at its last token; its proposals follow it.
+        length = start + n - k
+        request = Request(f"profile-{i}", 0.0, length, n if k else 1,
+                          prompt_token_ids=tokens[:length])
         request.num_computed_tokens = start
         backend.block_manager.allocate(request.request_id, start + n)
-        if n:
+        if k:
+            add_verify(plan, request, k, tuple(tokens[length:]))
+        elif n:
             add_to_plan(plan, request, n)
         else:
             add_padding(plan, request)

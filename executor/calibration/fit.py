@@ -105,8 +105,11 @@ def held_out_errors(features: np.ndarray, durations_s: np.ndarray) -> np.ndarray
 
 
 def profile_backend(loaded, block_size: int, kv_cache_gib: float,
-                    max_model_len: int | None, quick: bool = False):
-    """A ModelBackend on its own KV pool and the grid it can hold; with the pool's numbers."""
+                    max_model_len: int | None, quick: bool = False,
+                    speculative: bool = False, max_num_seqs: int | None = None):
+    """A ModelBackend on its own KV pool and the grid it can hold (speculative decoding's
+    verify steps too, if asked; no step of more than max_num_seqs sequences, if given); with
+    the pool's numbers."""
     from executor.backend import ModelBackend
     from executor.profile import profile_grid
     from sim.engine.block_manager import BlockManager
@@ -116,7 +119,8 @@ def profile_backend(loaded, block_size: int, kv_cache_gib: float,
     SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
                     max_model_len=max_len)  # validates the numbers
     backend = ModelBackend(loaded.model, BlockManager(num_blocks, block_size))
-    return backend, profile_grid(max_len, num_blocks * block_size, quick=quick), num_blocks, max_len
+    grid = profile_grid(max_len, num_blocks * block_size, quick, speculative, max_num_seqs)
+    return backend, grid, num_blocks, max_len
 
 
 def save_calibration(fit: Fit, path: Path, meta: dict) -> CalibratedCostModel:

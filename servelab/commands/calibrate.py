@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits = cal.add_argument_group("a server's limits, with --url (recorded in the file)")
     limits.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS.max_num_seqs,
                         help="most running requests (vLLM's max_num_seqs; default "
-                             f"{ENGINE_DEFAULTS.max_num_seqs})")
+                             f"{ENGINE_DEFAULTS.max_num_seqs}); the executor's grid "
+                             "profiles no step of more sequences")
     add_hidden_alias(limits, "--token-budget", "token_budget", int)  # servelab's first name
     limits.add_argument("--max-num-batched-tokens", dest="token_budget",
                         type=int, default=ENGINE_DEFAULTS.token_budget,
@@ -63,8 +64,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     loaded = load_model_from_args(args)
+    # Verify steps too: one calibration prices speculative runs (and, with the drafter's
+    # passes below, a draft model) as well as plain ones.
     backend, points, num_blocks, max_len = profile_backend(
-        loaded, args.block_size, args.kv_cache_gib, args.max_model_len, args.quick)
+        loaded, args.block_size, args.kv_cache_gib, args.max_model_len, args.quick,
+        speculative=True, max_num_seqs=args.max_num_seqs)
     from executor.profile import measure
     from executor.speculative.profile import profile_drafter_passes
 

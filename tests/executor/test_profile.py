@@ -14,8 +14,9 @@ from executor.profile import (
     measure,
     profile_grid,
 )
+from sim.engine.batch_plan import add_to_plan, add_verify
 from sim.engine.block_manager import BlockManager
-from sim.engine.core import StepResult
+from sim.engine.core import BatchPlan, StepResult
 from sim.engine.scheduler import Scheduler
 from sim.engine.scheduler_config import SchedulerConfig
 from tests.executor.helpers import make_request
@@ -154,3 +155,51 @@ def test_shapes_timed_on_a_runs_backend_change_none_of_its_outputs(tiny_model):
     assert ([r.output_token_ids for r in mixed_run.requests]
             == [r.output_token_ids for r in plain.requests])
     assert len(logs["continuous"][0]) == len(mixed_run.steps)  # the run's steps only
+
+
+def test_a_point_from_a_verifying_plan_rebuilds_its_totals():
+    # A step of speculative decoding: a verifies 3 proposals, b 1, c decodes one token.
+    plan = BatchPlan()
+    for rid, context, k in (("a", 40, 3), ("b", 17, 1), ("c", 25, 0)):
+        request = make_request(rid, context + 1, max_new_tokens=8)
+        request.num_computed_tokens = context
+        if k:
+            add_verify(plan, request, k, (7,) * k)
+        else:
+            add_to_plan(plan, request, 1)
+    point = ProfilePoint.from_plan(plan)
+    assert point.kind == "verify" and point.proposals == (3, 1, 0)
+    assert point.shares == ((40, 4), (17, 2), (25, 1))
+    backend = SimpleNamespace(block_manager=BlockManager(64, 16))
+    built = _build_plan(point, backend, [[5] * (s + n) for s, n in point.shares])
+    assert built.num_spec_tokens == {"profile-0": 3, "profile-1": 1}
+    assert {rid: len(ids) for rid, ids in built.spec_token_ids.items()} == built.num_spec_tokens
+    for total in ("decode_seqs", "decode_context", "prefill_tokens", "prefill_seqs",
+                  "prefill_attn", "prefill_attn_causal", "num_sampled"):
+        assert getattr(built, total) == getattr(plan, total), total
+    assert built.num_sampled == 4 + 2 + 1  # logits at every verified position
+
+
+def test_verify_steps_are_profiled_only_for_speculation_and_run(tiny_model):
+    assert not [p for p in profile_grid(256, 4096 * 16, quick=True) if p.kind == "verify"]
+    points = [p for p in profile_grid(256, 4096 * 16, quick=True, speculative=True)
+              if p.kind == "verify"]
+    alone = [p for p in points if all(p.proposals)]
+    with_decodes = [p for p in points if 0 in p.proposals]
+    assert alone and with_decodes
+    assert {k for p in points for k in p.proposals} == {0, 1, 4}
+    bm = BlockManager(4096, 16)
+    plans, times = measure(ModelBackend(tiny_model, bm), points, repeats=1)
+    assert (times > 0).all() and bm.num_used_blocks == 0
+    for plan, point in zip(plans, points, strict=True):
+        assert sorted(plan.num_spec_tokens.values()) == sorted(k for k in point.proposals if k)
+        assert plan.num_sampled == sum(k + 1 for k in point.proposals)
+
+
+def test_the_grid_holds_no_step_of_more_sequences_than_the_scheduler_makes():
+    full = profile_grid(2048, 10**6, speculative=True)
+    assert max(p.seqs for p in full) > 256  # a chunk beside 256 decodes
+    capped = profile_grid(2048, 10**6, speculative=True, max_num_seqs=64)
+    assert max(p.seqs for p in capped) == 64
+    assert capped == [p for p in full if p.seqs <= 64]
+    assert {p.kind for p in capped} == {p.kind for p in full}
