@@ -3,14 +3,30 @@ n-gram proposals, under every iteration-level policy, preemption included."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
 
+from executor.backend import ModelBackend
 from executor.sampling import Sampler
+from sim.cost.fixed_backend import ConstantBackend
 from sim.engine.core import Request, SamplingParams
+from sim.engine.scheduler import Scheduler
+from sim.engine.scheduler_config import SchedulerConfig
+from sim.engine.speculation.acceptance import read_recorded
 from sim.engine.speculation.config import SpeculativeConfig
-from tests.executor.helpers import bundled_greedy_runs
-from tests.executor.test_batch_invariance import POLICIES, run, workload
+from sim.engine.step import Engine
+from sim.replay.simulation import run_trace
+from tests.executor.helpers import FixedClock, bundled_greedy_runs
+from tests.executor.test_batch_invariance import (
+    MAX_MODEL_LEN,
+    POLICIES,
+    STEP_S,
+    run,
+    workload,
+)
 
 NGRAM = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
 
@@ -72,3 +88,27 @@ def test_greedy_outputs_on_the_bundled_trace_are_bit_identical(tiny_model):
     assert outputs[0] == outputs[1]
     assert schedulers[1].speculator.num_accepted_tokens > 0
     assert all(len(tokens) > 0 for tokens in outputs[0].values())
+
+
+def test_a_simulation_from_the_record_verifies_the_same_drafts(tiny_model, tmp_path):
+    """A measured n-gram run's record replayed by the simulator, on another clock and so in
+    other batches: every request verifies the same proposals at the same output tokens and
+    accepts as many, so its steps are the measured ones."""
+    measured = workload()
+    scheduler = Scheduler(SchedulerConfig(block_size=16, max_model_len=MAX_MODEL_LEN,
+                                          speculative=NGRAM))
+    scheduler.speculator.record_requests = True
+    run_trace(measured, Engine(scheduler, FixedClock(
+        ModelBackend(tiny_model, scheduler.block_manager), STEP_S)))
+    record = scheduler.speculator.per_request()
+    assert sum(len(r["drafts"]) for r in record.values()) == scheduler.speculator.num_drafts
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": {"continuous": {
+        **scheduler.speculator.metrics(), "spec_per_request": record}}}))
+    config = replace(NGRAM, acceptance_rates=(), recorded=read_recorded(path, 3))
+    simulated = [Request(r.request_id, 0.0, r.prompt_len, r.max_new_tokens) for r in measured]
+    replay = Scheduler(SchedulerConfig(block_size=16, max_model_len=MAX_MODEL_LEN,
+                                       speculative=config))
+    replay.speculator.record_requests = True
+    run_trace(simulated, Engine(replay, ConstantBackend(0.01)))
+    assert replay.speculator.per_request() == record

@@ -1,12 +1,16 @@
 """Acceptance a measured run recorded, per request, for a simulation to draw from.
 
 A run counts, for each request, its decoding rows that could speculate, the rows whose
-proposer found proposals, and the proposals accepted at each position. Acceptance is rarely
-spread evenly: on a model whose greedy output loops, n-gram proposals are accepted nearly
-always once a request loops and never found before, so a few requests take most of the gain.
-Mean TPOT is a mean over requests, and drawing every request at the run's average rate
-spreads that gain thin. A simulation calibrated from the record draws each request at its
-own rates (matched by request id), and the run's totals price requests the run did not have.
+proposer found proposals, and the proposals accepted at each position; and it lists the
+request's drafts: at which output token each came, how many proposals, how many accepted.
+Acceptance is rarely spread evenly: on a model whose greedy output loops, n-gram proposals
+are accepted nearly always once a request loops and never found before, so a few requests
+take most of the gain, each late in its output. Mean TPOT is a mean over requests, and
+drawing every request at the run's average rate spreads that gain thin. A simulation
+calibrated from the record replays each request's drafts at the output tokens where they
+came (matched by request id; a greedy request's tokens, and so its drafts, do not depend on
+the batch it runs in), draws a request that has only counters at its own rates, and prices
+requests the run did not have at the run's totals.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class RequestCounts:
     num_decodes: int  # decoding rows that could speculate (drafted or not)
     num_drafts: int  # of those, rows that verified proposals
     accepted_per_pos: tuple[int, ...]  # accepted proposals by position, over the drafts
+    # Each draft: (output tokens the request had, proposals verified, proposals accepted);
+    # empty in a record that predates it (and in the run's totals).
+    drafts: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def draft_share(self) -> float:
@@ -43,7 +50,8 @@ class RequestCounts:
     def as_record(self) -> dict[str, Any]:
         """As `servelab run --json` records it."""
         return {"num_decodes": self.num_decodes, "num_drafts": self.num_drafts,
-                "accepted_per_pos": list(self.accepted_per_pos)}
+                "accepted_per_pos": list(self.accepted_per_pos),
+                "drafts": [list(draft) for draft in self.drafts]}
 
 
 @dataclass(frozen=True)
@@ -103,9 +111,16 @@ def _speculative_result(path: Path) -> dict[str, Any]:
 
 
 def _counts(entry: dict[str, Any]) -> RequestCounts:
+    drafts = tuple((int(index), int(k), int(accepted))
+                   for index, k, accepted in entry.get("drafts", ()))
     counts = RequestCounts(int(entry["num_decodes"]), int(entry["num_drafts"]),
-                           tuple(int(n) for n in entry["accepted_per_pos"]))
+                           tuple(int(n) for n in entry["accepted_per_pos"]), drafts)
     if not 0 <= counts.num_drafts <= counts.num_decodes or any(
             not 0 <= n <= counts.num_drafts for n in counts.accepted_per_pos):
         raise ValueError(f"counts out of range: {entry}")
+    positions = len(counts.accepted_per_pos)
+    if drafts and (len(drafts) != counts.num_drafts or any(
+            index < 0 or not 0 <= accepted <= k <= positions or k < 1
+            for index, k, accepted in drafts)):
+        raise ValueError(f"drafts do not match the counts: {entry}")
     return counts

@@ -28,20 +28,30 @@ _DRAFT_SALT = 0x2545F4914F6CDD1D
 class _Counts:
     """One request's counters as the run goes (RequestCounts once recorded)."""
 
-    __slots__ = ("num_decodes", "num_drafts", "accepted_per_pos")
+    __slots__ = ("num_decodes", "num_drafts", "accepted_per_pos", "drafts")
 
     def __init__(self, k: int) -> None:
         self.num_decodes = 0
         self.num_drafts = 0
         self.accepted_per_pos = [0] * k
+        self.drafts: list[tuple[int, int, int]] = []  # (output tokens, proposals, accepted)
 
 
 class _Recorded(NamedTuple):
     """A recorded request's share of decoding rows that drafted, and its acceptance rates by
-    position over those drafts (acceptance.RequestCounts' draft_share and draft_rates)."""
+    position over those drafts (acceptance.RequestCounts' draft_share and draft_rates); and,
+    where the record lists them, its drafts by the output tokens it had: (proposals,
+    accepted), replayed instead of drawn."""
 
     draft_share: float
     draft_rates: tuple[float, ...]
+    drafts: dict[int, tuple[int, int]] | None = None
+
+
+def _recorded(counts: RequestCounts) -> _Recorded:
+    drafts = ({index: (k, accepted) for index, k, accepted in counts.drafts}
+              if counts.drafts else None)
+    return _Recorded(counts.draft_share, counts.draft_rates, drafts)
 
 
 class Draft(NamedTuple):
@@ -63,10 +73,8 @@ class Speculator:
         self._recorded: dict[str, _Recorded] | None = None
         self._recorded_total: _Recorded | None = None
         if recorded is not None:
-            self._recorded = {rid: _Recorded(c.draft_share, c.draft_rates)
-                              for rid, c in recorded.by_request}
-            self._recorded_total = _Recorded(recorded.total.draft_share,
-                                             recorded.total.draft_rates)
+            self._recorded = {rid: _recorded(c) for rid, c in recorded.by_request}
+            self._recorded_total = _recorded(recorded.total)
         # Each request's counters, kept only when asked (a run that records them): a server
         # that runs for days would otherwise keep one entry per request it ever served.
         self.record_requests = False
@@ -92,9 +100,9 @@ class Speculator:
                 raise ValueError(f"speculative method {method!r}: this cost model does not "
                                  "price its drafter's forward passes (servelab simulate "
                                  "does); simulate ngram here")
-            if not self._draws_a_draft(request):
+            k = self._drawn_proposals(request, k)
+            if not k:
                 self._undrafted(request)
-                return Draft(0, ())
             return Draft(k, ())
         if method != "ngram":  # the backend's drafter fills in the k proposals' ids
             return Draft(k, ())
@@ -111,24 +119,33 @@ class Speculator:
             return None
         return self._recorded.get(request.request_id, self._recorded_total)
 
-    def _draws_a_draft(self, request: Request) -> bool:
-        """Simulation: whether the row's proposer finds proposals this step. Always without a
-        record (acceptance_rates then count every decoding row); with one, at the share of
-        the request's decoding rows that drafted in the recorded run, one uniform seeded by
-        the request and its output index."""
+    def _drawn_proposals(self, request: Request, k: int) -> int:
+        """Simulation: how many of at most k proposals the row's proposer finds this step (0:
+        none). k without a record (acceptance_rates then count every decoding row); with a
+        record that lists the request's drafts, the draft it made at this output token (none
+        if it made none there); with the request's counters only, k at the share of its
+        decoding rows that drafted, one uniform seeded by the request and its output index."""
         counts = self._recorded_counts(request)
         if counts is None:
-            return True
+            return k
+        if counts.drafts is not None:
+            draft = counts.drafts.get(request.num_output_tokens)
+            return 0 if draft is None else min(k, draft[0])
         u = token_seed(_request_seed(request) ^ _DRAFT_SALT,
                        request.num_output_tokens) * _SEED_SCALE
-        return u < counts.draft_share
+        return k if u < counts.draft_share else 0
 
     def draw_accepted(self, request: Request, k: int) -> int:
-        """Simulation: accepted proposals of a k-proposal row, one uniform seeded by the
-        request and its output index (batch-independent), against the acceptance rates: the
-        recorded run's rates of this request over its drafts if there is a record, else
+        """Simulation: accepted proposals of a k-proposal row: the recorded draft's at this
+        output token where the record lists the request's drafts; else one uniform seeded by
+        the request and its output index (batch-independent) against the acceptance rates:
+        the recorded run's rates of this request over its drafts if there is a record, else
         acceptance_rates."""
         counts = self._recorded_counts(request)
+        if counts is not None and counts.drafts is not None:
+            draft = counts.drafts.get(request.num_output_tokens)
+            if draft is not None:
+                return min(k, draft[1])
         rates = self._rates if counts is None else counts.draft_rates
         if not rates:
             raise ValueError("simulating speculative decoding needs acceptance_rates in "
@@ -149,13 +166,14 @@ class Speculator:
             k = spec.get(request.request_id)
             if k is None:
                 continue
+            index = request.num_output_tokens
             if sampled is None:
                 accepted = self.draw_accepted(request, k)
             else:
                 accepted = _take_tokens(request, produced[request.request_id], sampled)
             request.token_times_s.extend([now] * accepted)
             request.num_computed_tokens -= k - accepted
-            self._count(request.request_id, k, accepted)
+            self._count(request.request_id, k, accepted, index)
 
     def release_lookahead(self, plan: BatchPlan, block_manager: BlockManager) -> None:
         """After the step's tokens: free the blocks a verified row took for proposals that
@@ -177,13 +195,15 @@ class Speculator:
             counts = self._per_request[request_id] = _Counts(self.config.num_speculative_tokens)
         return counts
 
-    def _count(self, request_id: str, k: int, accepted: int) -> None:
+    def _count(self, request_id: str, k: int, accepted: int, index: int) -> None:
+        """Count a verified row of `request_id` that had `index` output tokens."""
         if self.record_requests:
             counts = self._counts(request_id)
             counts.num_decodes += 1
             counts.num_drafts += 1
             for i in range(accepted):
                 counts.accepted_per_pos[i] += 1
+            counts.drafts.append((index, k, accepted))
         self.num_drafts += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += accepted
@@ -193,8 +213,8 @@ class Speculator:
     def per_request(self) -> dict[str, dict]:
         """Each request's counters (acceptance.RequestCounts records), by request id, if
         record_requests was on: what a simulation calibrated from this run draws from."""
-        return {rid: RequestCounts(c.num_decodes, c.num_drafts,
-                                   tuple(c.accepted_per_pos)).as_record()
+        return {rid: RequestCounts(c.num_decodes, c.num_drafts, tuple(c.accepted_per_pos),
+                                   tuple(c.drafts)).as_record()
                 for rid, c in sorted(self._per_request.items())}
 
     def metrics(self) -> dict[str, float | list[float]]:

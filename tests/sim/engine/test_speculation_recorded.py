@@ -90,3 +90,26 @@ def test_per_request_counters_are_kept_only_when_asked(tmp_path):
     scheduler = Scheduler(SchedulerConfig(speculative=config))
     run_trace([Request("a", 0.0, 8, 40)], Engine(scheduler, ConstantBackend(0.01)))
     assert scheduler.speculator.num_drafts > 0 and scheduler.speculator.per_request() == {}
+
+
+def test_recorded_drafts_replay_at_the_output_tokens_where_they_came(tmp_path):
+    # "loop" drafted at its 10th, 13th and 15th output token and nowhere else.
+    drafts = [[10, 2, 2], [13, 2, 1], [15, 1, 0]]
+    config = SpeculativeConfig.from_json(_record(tmp_path, {
+        "loop": {**_counts(35, 3, [2, 1]), "drafts": drafts}}))
+    counts = _simulate(config, ["loop"])["loop"]
+    assert counts["drafts"] == drafts
+    # 39 tokens after the first: 6 in the three drafts' steps, 33 one a step, of which the
+    # last could propose nothing (no token left to propose)
+    assert counts["num_decodes"] == 35 and counts["accepted_per_pos"] == [2, 1]
+
+
+@pytest.mark.parametrize("drafts", [
+    [[10, 3, 0]],  # more proposals than num_speculative_tokens
+    [[10, 1, 2]],  # more accepted than proposed
+    [[10, 2, 2], [13, 2, 1]],  # two drafts where the counters say one
+])
+def test_drafts_that_contradict_the_counters_are_refused(tmp_path, drafts):
+    counts = {**_counts(36, 1, [1, 0]), "drafts": drafts}
+    with pytest.raises(SpeculativeConfigError, match="drafts do not match"):
+        SpeculativeConfig.from_json(_record(tmp_path, {"r": counts}))
