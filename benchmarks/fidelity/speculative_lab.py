@@ -1,21 +1,26 @@
 """Speculative decoding on the CPU lab, simulated against measured in one sitting: n-gram and a
 draft model (the target's first layer) at three load levels, on one trace and one scheduler.
 
-The model is calibrated once (its steps and its drafter's passes); then, at each level, plain
-and speculative measured runs alternate (plain, n-gram, draft model, plain, ...) for --pairs
-rounds, so a slow spell of a shared machine falls on all of them. Each pair gives a TPOT
-speedup (plain mean TPOT / speculative) and a throughput speedup (speculative output tokens/s /
-plain); their median and spread are the measurement and its noise floor. The simulator
+At each level, plain and speculative measured runs alternate (plain, n-gram, draft model,
+plain, ...) for --pairs rounds, so a slow spell of a shared machine falls on all of them. Each
+pair gives a TPOT speedup (plain mean TPOT / speculative) and a throughput speedup
+(speculative output tokens/s / plain); their median and spread are the measurement and its
+noise floor. The model's step shapes (verify steps included, none of more sequences than
+--max-num-seqs) and its drafter's passes are timed in --repeats rounds spread evenly between
+the pairs of all levels, so the calibration sees the machine the runs saw. The simulator then
 replays the same trace under the same scheduler config on the calibration, plain and
-speculative, with each request's acceptance drawn from that request's own counters in the
-first speculative run (`acceptance_rates` naming its record, as `servelab simulate` reads it).
+speculative, each request's acceptance taken from the first speculative run's record
+(`acceptance_rates` naming it, as `servelab simulate` reads it: its drafts replayed at the
+output tokens where they came), once per measured pair with another seed of the
+calibration's step jitter; the simulated figures are the medians over those runs.
 
     python benchmarks/fidelity/speculative_lab.py --trace azure-conv
 
 prints the CPU, the calibration, and per method and level: the measured speedups (median,
 min-max over the pairs), the simulated ones, simulated / measured, the TPOT speedup simulated
-with every request at the run's average acceptance instead ("average"), the mean TPOTs
-behind the speedups, and where speculation stops paying.
+with each request drawn at its own counters instead of its drafts replayed ("counters") and
+with every request at the run's average acceptance ("average"), the mean TPOTs behind the
+speedups, and where speculation stops paying.
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from run_args import add_run_args, trace_and_model, trace_from_args  # noqa: E40
 
 from executor.calibration.fit import fit_profile, profile_backend  # noqa: E402
 from executor.loading import LoadedModel, cpu_model  # noqa: E402
-from executor.profile import measure  # noqa: E402
+from executor.profile import GridProfile  # noqa: E402
 from executor.replay import measured_run  # noqa: E402
-from executor.speculative.profile import profile_drafter_passes  # noqa: E402
+from executor.speculative.profile import (  # noqa: E402
+    drafter_pass_profile,
+    fit_drafter_passes,
+)
 from sim.cluster.closed_loop import closed_loop  # noqa: E402
 from sim.cost.calibrated import CalibratedCostModel  # noqa: E402
 from sim.cost.drafter import SpeculativeCostModel, TargetPricing, drafter_cost  # noqa: E402
@@ -66,25 +74,61 @@ class Level:
     """One load level's measured runs and simulation, per method."""
 
     qps_scale: float
-    request_rate: float  # req/s of the scaled trace
-    plain: list[dict]  # measured plain summaries, one per pair
-    spec: dict[str, list[dict]]  # method -> measured speculative summaries (with counters)
-    simulated: dict[str, dict[str, float]]  # method -> simulated speedups
+    trace: Trace
+    config: SchedulerConfig  # plain; each method's adds its speculative config
+    plain: list[dict] = field(default_factory=list)  # measured summaries, one per pair
+    # method -> measured speculative summaries (with counters), one per pair
+    spec: dict[str, list[dict]] = field(default_factory=dict)
+    simulated: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> speedups
     # "plain" or method -> one more measured run's steps, priced sum / measured sum
     steps_priced: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def request_rate(self) -> float:
+        """Requests per second of the scaled trace."""
+        return len(self.trace) / self.trace.span_s
 
-def calibrate(loaded: LoadedModel, args: argparse.Namespace) -> CalibratedCostModel:
-    """The executor's step cost model and its drafter passes, profiled now, in this process."""
-    backend, points, _, max_len = profile_backend(loaded, args.block_size, args.kv_cache_gib,
-                                                  None)
-    plans, times = measure(backend, points, args.repeats, args.seed)
-    fit = fit_profile(plans, times, row_knots=backend.row_knots)
-    passes = profile_drafter_passes(backend, max_len, args.max_num_seqs, seed=args.seed)
-    print(f"calibration: {len(points)} step shapes x {args.repeats} rounds, held-out error "
-          f"median {np.median(fit.held_error):.1%}; drafter passes: "
-          f"{passes['profiled_passes']} shapes, fit error {passes['fit_error_median']}")
-    return replace(fit.model, meta={"model": loaded.name, "drafter_passes": passes})
+
+class Calibration:
+    """The executor's step shapes and its drafter's passes, timed in rounds spread over the
+    measured runs, so a slow spell of a shared machine lands on the runs and the calibration
+    alike."""
+
+    def __init__(self, loaded: LoadedModel, args: argparse.Namespace, pairs: int) -> None:
+        self.loaded = loaded
+        self.backend, points, _, max_len = profile_backend(
+            loaded, args.block_size, args.kv_cache_gib, None, speculative=True,
+            max_num_seqs=args.max_num_seqs)
+        self.profile = GridProfile(self.backend, points, args.seed)
+        self.passes, self.pass_points = drafter_pass_profile(
+            self.backend, max_len, args.max_num_seqs, seed=args.seed)
+        self.pass_times: dict[int, list] = {n: [] for n in self.passes.drafters}
+        self.profile.run_round(timed=False)
+        self.passes.run_round(self.pass_points)
+        self.rounds, self.pairs, self.done = args.repeats, pairs, 0
+
+    def _round(self) -> None:
+        self.profile.run_round()
+        self.passes.run_round(self.pass_points, self.pass_times)
+
+    def pair_done(self) -> None:
+        """After each of the `pairs` measured pairs: a timed round where its share falls."""
+        self.done += 1
+        if self.done * self.rounds // self.pairs > (self.done - 1) * self.rounds // self.pairs:
+            self._round()
+
+    def fit(self) -> CalibratedCostModel:
+        """The cost model of the rounds timed (at least two), with the drafter's passes."""
+        while len(self.profile.rounds) < 2:
+            self._round()
+        fit = fit_profile(self.profile.plans, self.profile.times,
+                          row_knots=self.backend.row_knots)
+        passes = fit_drafter_passes(self.backend, self.pass_points, self.pass_times)
+        print(f"calibration: {len(self.profile.points)} step shapes and "
+              f"{passes['profiled_passes']} drafter passes x {len(self.profile.times)} rounds "
+              f"between the runs; held-out step error median {np.median(fit.held_error):.1%}, "
+              f"drafter fit error {passes['fit_error_median']}")
+        return replace(fit.model, meta={"model": self.loaded.name, "drafter_passes": passes})
 
 
 class PricedSteps(list):
@@ -131,19 +175,30 @@ def _recording(scheduler: Scheduler) -> Scheduler:
 
 
 def simulated(trace: Trace, config: SchedulerConfig, record: dict, method: str,
-              cost: CalibratedCostModel, workdir: Path) -> dict[str, float]:
-    """Simulated speedups, acceptance drawn per request from a measured run's record."""
+              cost: CalibratedCostModel, workdir: Path, seeds: int) -> dict[str, float]:
+    """Simulated speedups and mean TPOTs, acceptance from a measured run's record: each the
+    median over `seeds` runs of the calibration's step jitter (one seed a measured pair)."""
     path = workdir / f"{method}.json"
     path.write_text(json.dumps({"results": {config.policy: record}}))
     spec = SpeculativeConfig.from_json(json.dumps({**METHODS[method],
                                                    "acceptance_rates": str(path)}))
-    plain = simulate_policy(trace, config, cost, None, False).summary
-    sped = _simulate_speculative(trace, config, spec, cost)
-    # The same, every request drawn at the run's average rates (no per-request record).
-    average = _simulate_speculative(trace, config, replace(spec, recorded=None), cost)
-    return {**speedups(sped, plain), "plain_tpot_ms": plain["mean_tpot_ms"],
-            "spec_tpot_ms": sped["mean_tpot_ms"],
-            "average_tpot_speedup": speedups(average, plain)["spec_tpot_speedup"]}
+    # The same, each request drawn at its own counters (its drafts not replayed), and every
+    # request drawn at the run's average rates (no per-request record).
+    recorded = spec.recorded
+    counters = replace(spec, recorded=replace(recorded, by_request=tuple(
+        (rid, replace(counts, drafts=())) for rid, counts in recorded.by_request)))
+    runs = []
+    for seed in range(seeds):
+        jittered = replace(cost, jitter_seed=seed)
+        plain = simulate_policy(trace, config, jittered, None, False).summary
+        sped = _simulate_speculative(trace, config, spec, jittered)
+        drawn = _simulate_speculative(trace, config, counters, jittered)
+        average = _simulate_speculative(trace, config, replace(spec, recorded=None), jittered)
+        runs.append({**speedups(sped, plain), "plain_tpot_ms": plain["mean_tpot_ms"],
+                     "spec_tpot_ms": sped["mean_tpot_ms"],
+                     "counters_tpot_speedup": speedups(drawn, plain)["spec_tpot_speedup"],
+                     "average_tpot_speedup": speedups(average, plain)["spec_tpot_speedup"]})
+    return {key: float(np.median([run[key] for run in runs])) for key in runs[0]}
 
 
 def _simulate_speculative(trace: Trace, config: SchedulerConfig, spec: SpeculativeConfig,
@@ -165,32 +220,44 @@ def speculative_pricing(spec: SpeculativeConfig, cost: CalibratedCostModel
             replace(spec, drafter_priced=True))
 
 
-def run_level(args: argparse.Namespace, loaded: LoadedModel, cost: CalibratedCostModel,
-              scale: float, workdir: Path) -> Level:
-    """Measured runs alternating plain, n-gram, draft model for --pairs rounds; then the
-    simulation of each method from its first speculative run's acceptance record."""
+def _specs(args: argparse.Namespace) -> dict[str, SpeculativeConfig]:
+    return {m: SpeculativeConfig.from_json(json.dumps(METHODS[m]))
+            for m in args.methods.split(",")}
+
+
+def measure_level(args: argparse.Namespace, loaded: LoadedModel, scale: float,
+                  calibration: Calibration) -> Level:
+    """Measured runs alternating plain, n-gram, draft model for --pairs rounds, the
+    calibration's rounds timed between them."""
     args.qps_scale = scale
-    trace = trace_from_args(args)
-    config = SchedulerConfig(policy=args.policy, max_num_seqs=args.max_num_seqs,
-                             num_blocks=args.num_blocks, block_size=args.block_size)
-    methods = args.methods.split(",")
-    specs = {m: SpeculativeConfig.from_json(json.dumps(METHODS[m])) for m in methods}
-    level = Level(scale, len(trace) / trace.span_s, [], {m: [] for m in methods}, {})
+    level = Level(scale, trace_from_args(args), SchedulerConfig(
+        policy=args.policy, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+        block_size=args.block_size))
+    specs = _specs(args)
+    level.spec = {m: [] for m in specs}
     for _ in range(args.pairs):
-        level.plain.append(measured(trace, config, loaded, args.seed))
-        for m in methods:
-            level.spec[m].append(measured(trace, replace(config, speculative=specs[m]),
+        level.plain.append(measured(level.trace, level.config, loaded, args.seed))
+        for m, spec in specs.items():
+            level.spec[m].append(measured(level.trace, replace(level.config, speculative=spec),
                                           loaded, args.seed))
-    # One more run of each, its steps priced as they run (not in the speedups).
+        calibration.pair_done()
+    return level
+
+
+def simulate_level(args: argparse.Namespace, loaded: LoadedModel, cost: CalibratedCostModel,
+                   level: Level, workdir: Path) -> None:
+    """One more measured run of each kind, its steps priced as they run (not in the
+    speedups); then the simulation of each method from its first speculative run's record."""
+    trace, config, specs = level.trace, level.config, _specs(args)
     level.steps_priced["plain"] = measured(trace, config, loaded, args.seed, cost)[
         "steps_priced_over_measured"]
-    for m in methods:
+    for m, spec in specs.items():
         level.steps_priced[m] = measured(
-            trace, replace(config, speculative=specs[m]), loaded, args.seed,
-            speculative_pricing(specs[m], cost)[0])["steps_priced_over_measured"]
-    for m in methods:
-        level.simulated[m] = simulated(trace, config, level.spec[m][0], m, cost, workdir)
-    return level
+            trace, replace(config, speculative=spec), loaded, args.seed,
+            speculative_pricing(spec, cost)[0])["steps_priced_over_measured"]
+    for m in specs:
+        level.simulated[m] = simulated(trace, config, level.spec[m][0], m, cost, workdir,
+                                       args.pairs)
 
 
 def pair_speedups(level: Level, method: str, key: str) -> np.ndarray:
@@ -215,7 +282,8 @@ def report(levels: list[Level], method: str) -> None:
     mean TPOTs behind the speedups; where speculation stops paying."""
     print(f"\n{method} ({json.dumps(METHODS[method])})")
     print(f"{'qps x':>6} {'req/s':>7} {'batch':>5} {'acc/row':>7} | {'TPOT measured':>18} "
-          f"{'sim':>5} {'sim/meas':>8} {'average':>7} | {'tok/s measured':>21} {'sim':>6} "
+          f"{'sim':>5} {'sim/meas':>8} {'counters':>8} {'average':>7} | "
+          f"{'tok/s measured':>21} {'sim':>6} "
           f"{'sim/meas':>8} | "
           f"{'mean TPOT ms plain, spec: measured':>34} {'sim':>11}")
     tpot_med, tpot_sim = [], []
@@ -232,6 +300,7 @@ def report(levels: list[Level], method: str) -> None:
               f"{level.spec[method][0]['spec_mean_accepted_length']:>7.2f} | "
               f"{_spread(tpot):>18} {sim['spec_tpot_speedup']:>5.2f} "
               f"{sim['spec_tpot_speedup'] / tpot_med[-1]:>8.2f} "
+              f"{sim['counters_tpot_speedup']:>8.2f} "
               f"{sim['average_tpot_speedup']:>7.2f} | {_spread(thr, 3):>21} "
               f"{sim['spec_throughput_speedup']:>6.3f} "
               f"{sim['spec_throughput_speedup'] / np.median(thr):>8.3f} | "
@@ -261,17 +330,21 @@ def main() -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--num-blocks", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=7, help="calibration rounds")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="calibration rounds, spread between the pairs")
     args = parser.parse_args()
     start = time.perf_counter()
     _, loaded = trace_and_model(args)
     print(f"CPU: {cpu_model()}; model {loaded.name}, {loaded.threads} threads, "
           f"{loaded.kernels} kernels; {args.policy}, max_num_seqs {args.max_num_seqs}, "
           f"{args.num_blocks} KV blocks; {args.pairs} A/B pairs a level")
-    cost = calibrate(loaded, args)
+    scales = [float(q) for q in args.qps_scales.split(",")]
+    calibration = Calibration(loaded, args, args.pairs * len(scales))
+    levels = [measure_level(args, loaded, q, calibration) for q in scales]
+    cost = calibration.fit()
     with tempfile.TemporaryDirectory() as workdir:
-        levels = [run_level(args, loaded, cost, float(q), Path(workdir))
-                  for q in args.qps_scales.split(",")]
+        for level in levels:
+            simulate_level(args, loaded, cost, level, Path(workdir))
     for method in args.methods.split(","):
         report(levels, method)
     print(f"\n{time.perf_counter() - start:.0f} s wall")

@@ -95,16 +95,23 @@ class PassProfile:
         later = [b - a for a, b in zip(marks[1:-1], marks[2:], strict=True)]
         return PassTimes(total - sum(later), tuple(later))
 
+    def run_round(self, points: list[PassPoint],
+                  times: dict[int, list[PassTimes]] | None = None) -> None:
+        """Time every point once on every drafter (layer counts and points take turns),
+        appending each time to times[layer count]; None: a warm-up, nothing kept."""
+        for point in points:
+            for n in self.drafters:
+                timed = self.time_point(n, point)
+                if times is not None:
+                    times[n].append(timed)
+
     def measure(self, points: list[PassPoint], repeats: int) -> dict[int, list[PassTimes]]:
         """Per layer count, each point's times per timed round [repeats x points, round by
-        round], after an untimed round; layer counts and points take turns within a round."""
+        round], after an untimed round."""
         times: dict[int, list[PassTimes]] = {n: [] for n in self.drafters}
-        for r in range(-1, repeats):
-            for point in points:
-                for n in self.drafters:
-                    timed = self.time_point(n, point)
-                    if r >= 0:
-                        times[n].append(timed)
+        self.run_round(points)
+        for _ in range(repeats):
+            self.run_round(points, times)
         return times
 
 
@@ -118,20 +125,37 @@ class PassTimes(NamedTuple):
 PASS_REPEATS = 5  # timed rounds over the pass grid (median per point)
 
 
-def profile_drafter_passes(backend: ModelBackend, max_model_len: int, max_rows: int = 64,
-                           repeats: int = PASS_REPEATS, seed: int = 0,
-                           quick: bool = False) -> dict[str, Any]:
-    """A calibration's `drafter_passes` record: per drafter depth profiled (1 and the
-    target's layers), the fitted coefficients by feature name of its first pass and of a
-    later pass, and their fit errors (median relative, over the points' medians)."""
+def drafter_pass_profile(backend: ModelBackend, max_model_len: int, max_rows: int = 64,
+                         seed: int = 0, quick: bool = False
+                         ) -> tuple[PassProfile, list[PassPoint]]:
+    """The drafters profiled (the target's first layer and all its layers) and the pass
+    points they are timed on, for the backend's model and KV pool."""
     target = backend.model
     knots, pool = backend.row_knots, backend.block_manager
     points = pass_grid(max_rows, max_model_len, pool.num_blocks * pool.block_size, knots, quick)
     need = max(p.rows * ((p.context + p.new_tokens + PASSES) // pool.block_size + 2)
                for p in points)
     depths = tuple(sorted({1, target.args.n_layers}))
-    profile = PassProfile(target, depths, min(need, pool.num_blocks), pool.block_size, seed)
-    times = profile.measure(points, repeats)
+    return PassProfile(target, depths, min(need, pool.num_blocks), pool.block_size,
+                       seed), points
+
+
+def profile_drafter_passes(backend: ModelBackend, max_model_len: int, max_rows: int = 64,
+                           repeats: int = PASS_REPEATS, seed: int = 0,
+                           quick: bool = False) -> dict[str, Any]:
+    """A calibration's `drafter_passes` record (fit_drafter_passes), timed now."""
+    profile, points = drafter_pass_profile(backend, max_model_len, max_rows, seed, quick)
+    return fit_drafter_passes(backend, points, profile.measure(points, repeats))
+
+
+def fit_drafter_passes(backend: ModelBackend, points: list[PassPoint],
+                       times: dict[int, list[PassTimes]]) -> dict[str, Any]:
+    """A calibration's `drafter_passes` record from timed rounds of the points (times per
+    drafter depth, round by round): per depth profiled (1 and the target's layers), the
+    fitted coefficients by feature name of its first pass and of a later pass, and their fit
+    errors (median relative, over the points' medians)."""
+    target, knots = backend.model, backend.row_knots
+    repeats = len(next(iter(times.values()))) // len(points)
     # A later pass j (from 2) computes proposal j - 1 over c + n + j - 2 tokens of KV.
     later_points = [PassPoint(p.rows, p.context + p.new_tokens + j, 1)
                     for p in points for j in range(PASSES - 1)]
