@@ -325,7 +325,7 @@ def main() -> None:
     parser.set_defaults(max_requests=60, max_prompt_len=200,
                         max_output_len=64, model="tiny", threads=1)
     parser.add_argument("--qps-scales", default="8,128,1024", help="three load levels")
-    parser.add_argument("--pairs", type=int, default=7, help="A/B rounds per level")
+    parser.add_argument("--pairs", type=int, default=15, help="A/B rounds per level")
     parser.add_argument("--methods", default="ngram,draft_model")
     parser.add_argument("--policy", default=DEFAULT_POLICY)
     parser.add_argument("--max-num-seqs", type=int, default=64)
