@@ -39,20 +39,33 @@ def seeded_bodies(count: int) -> list[dict]:
     return bodies
 
 
+def taken_in(url: str) -> float:
+    """Requests the engine has taken in, as of its last step: live ones and finished ones."""
+    finished = sum(aborted(url, reason) for reason in ("length", "stop"))
+    return health(url)["num_live"] + finished
+
+
 @pytest.mark.parametrize(("policy", "num_blocks"), [("continuous", 1024), ("recompute", 12)])
 def test_streamed_tokens_equal_offline_engine(tiny_model, policy, num_blocks):
-    """Recompute with 12 blocks preempts: outputs must still match the offline run."""
+    """Recompute with 12 blocks preempts: outputs must still match the offline run. Steps
+    run one at a time until the engine holds every request, so they contend for the pool
+    however fast the machine serves the first ones."""
     bodies = seeded_bodies(12)
     config = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=16,
                              max_model_len=MAX_MODEL_LEN)
     expected = offline_outputs(tiny_model, bodies, config)
-    with start_server(tiny_model, policy=policy, num_blocks=num_blocks) as server:
 
-        async def main():
-            async with async_client(server.url) as client:
-                return await asyncio.gather(*(stream_completion(client, b) for b in bodies))
+    async def main(url: str, gate: StepGate):
+        async with async_client(url) as client:
+            tasks = [asyncio.create_task(stream_completion(client, b)) for b in bodies]
+            await asyncio.to_thread(gate.step_until, lambda: taken_in(url) >= len(bodies),
+                                    len(bodies), "every request is in the engine")
+            gate.open()
+            return await asyncio.gather(*tasks)
 
-        results = run(main())
+    with StepGate() as gate, start_server(tiny_model, policy=policy, num_blocks=num_blocks,
+                                          wrap=gate.wrap) as server:
+        results = run(main(server.url, gate))
         metrics = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=HANG_S).text
         assert health(server.url)["kv_blocks_used"] == 0
     for (ids, last), body, want in zip(results, bodies, expected, strict=True):
