@@ -166,9 +166,9 @@ def _build_plan(point: ProfilePoint, backend: ModelBackend, prompts: list[list[i
                 ) -> BatchPlan:
     plan = BatchPlan()
     rows = list(point.shares) + [(length, 0) for length in point.padding]
-    proposals = point.proposals or (0,) * len(point.shares)
+    proposals = point.proposals
     for i, ((start, n), tokens) in enumerate(zip(rows, prompts, strict=True)):
-        k = proposals[i] if i < len(proposals) else 0
+        k = proposals[i] if i < len(proposals) else 0  # padding rows and plain shapes: 0
         # A verifying row: its sequence ends at its last token; its proposals follow it.
         length = start + n - k
         request = Request(f"profile-{i}", 0.0, length, n if k else 1,
