@@ -2,7 +2,8 @@
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
 (a chunk riding with decodes), ragged steps (prompt bursts with decodes), static batches
-mostly made of padding rows and, for speculative decoding, rows verifying proposals. Each
+mostly made of padding rows and, for speculative decoding, rows verifying proposals (with
+decodes, or with prompts admitted beside them). Each
 point is a BatchPlan built the scheduler's way (sim.engine.batch_plan) over requests whose
 KV blocks are allocated, run several times through ModelBackend.execute, in rounds over the
 grid; the median measured duration is the point's step time, and the runs' spread around it
@@ -113,6 +114,7 @@ def profile_grid(max_model_len: int, max_kv_tokens: int, quick: bool = False,
     if speculative:
         points += _verify_steps((1, 8) if quick else (1, 2, 4, 8, 16, 32, 64),
                                 (64,) if quick else (32, 256, 1024))
+        points += _admissions_beside_verify((4,) if quick else (4, 16))
     return [p for p in points if p.longest < max_model_len and p.kv_tokens <= max_kv_tokens
             and (max_num_seqs is None or p.seqs <= max_num_seqs)]
 
@@ -152,6 +154,25 @@ def _verify_steps(rows: tuple[int, ...], contexts: tuple[int, ...]) -> list[Prof
                 if r <= 16:
                     points.append(ProfilePoint("verify", verifying + ((context, 1),) * r,
                                                proposals=(k,) * r + (0,) * r))
+    return points
+
+
+def _admissions_beside_verify(rows: tuple[int, ...]) -> list[ProfilePoint]:
+    """A speculative run's admissions: whole prompts (1 or 4, spread lengths as in
+    _ragged_steps) in the step where R running rows verify k proposals over spread contexts.
+    The fit cannot price these from prompt bursts and verify steps apart: the prompts and
+    the verify chunks share one ragged forward, and its attention and per-step costs are
+    not the sum of the two steps'. A fixed seed, so every machine profiles the same."""
+    rng = np.random.default_rng(1)
+    points = []
+    for prompts in (1, 4):
+        lens = np.clip(rng.lognormal(np.log(128), 0.8, prompts), 8, 1024).astype(int)
+        for r in rows:
+            ctxs = np.clip(rng.lognormal(np.log(256), 0.7, r), 16, 1536).astype(int)
+            for k in (1, 4):
+                shares = (tuple((0, int(n)) for n in lens)
+                          + tuple((int(c), k + 1) for c in ctxs))
+                points.append(ProfilePoint("verify", shares, proposals=(0,) * prompts + (k,) * r))
     return points
 
 

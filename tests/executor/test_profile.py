@@ -196,6 +196,29 @@ def test_verify_steps_are_profiled_only_for_speculation_and_run(tiny_model):
         assert plan.num_sampled == sum(k + 1 for k in point.proposals)
 
 
+def test_speculative_grids_admit_whole_prompts_beside_verifying_rows():
+    # A speculative run admits a prompt in a step where running rows verify: one ragged
+    # forward the fit cannot price from prompt bursts and verify steps apart.
+    def admitting(points):
+        return [p for p in points if p.kind == "verify"
+                and any(k == 0 and start == 0 and n > 1
+                        for (start, n), k in zip(p.shares, p.proposals, strict=True))]
+    assert not admitting(profile_grid(2048, 10**6))
+    points = admitting(profile_grid(2048, 10**6, speculative=True))
+    assert {sum(1 for k in p.proposals if k == 0) for p in points} == {1, 4}
+    assert {k for p in points for k in p.proposals} == {0, 1, 4}
+    backend = SimpleNamespace(block_manager=BlockManager(4096, 16))
+    for point in points:
+        plan = _build_plan(point, backend, [[5] * (s + n) for s, n in point.shares])
+        prompts = [n for (_, n), k in zip(point.shares, point.proposals, strict=True) if not k]
+        verifying = [k for k in point.proposals if k]
+        assert sorted(plan.num_spec_tokens.values()) == sorted(verifying)
+        assert plan.prefill_seqs == len(point.shares) and plan.decode_seqs == 0
+        assert plan.prefill_tokens == sum(prompts) + sum(k + 1 for k in verifying)
+        assert plan.num_sampled == len(prompts) + sum(k + 1 for k in verifying)
+        assert ProfilePoint.from_plan(plan) == point
+
+
 def test_the_grid_holds_no_step_of_more_sequences_than_the_scheduler_makes():
     full = profile_grid(2048, 10**6, speculative=True)
     assert max(p.seqs for p in full) > 256  # a chunk beside 256 decodes
