@@ -2,12 +2,12 @@
 
 Grid: prefill chunks x context lengths, decode batch sizes x context spreads, mixed batches
 (a chunk riding with decodes), ragged steps (prompt bursts with decodes), static batches
-mostly made of padding rows and, for speculative decoding, rows verifying proposals (with
-decodes, or with prompts admitted beside them). Each
-point is a BatchPlan built the scheduler's way (sim.engine.batch_plan) over requests whose
-KV blocks are allocated, run several times through ModelBackend.execute, in rounds over the
-grid; the median measured duration is the point's step time, and the runs' spread around it
-the calibration's step jitter.
+mostly made of padding rows and, for speculative decoding, rows verifying proposals (alone,
+with decodes, or with prompts admitted beside them). Each point is a BatchPlan built the
+scheduler's way (sim.engine.batch_plan) over requests whose KV blocks are allocated, run
+several times through ModelBackend.execute, in rounds over the grid; the median measured
+duration is the point's step time, and the runs' spread around it the calibration's step
+jitter.
 """
 
 from __future__ import annotations
@@ -160,9 +160,9 @@ def _verify_steps(rows: tuple[int, ...], contexts: tuple[int, ...]) -> list[Prof
 def _admissions_beside_verify(rows: tuple[int, ...]) -> list[ProfilePoint]:
     """A speculative run's admissions: whole prompts (1 or 4, spread lengths as in
     _ragged_steps) in the step where R running rows verify k proposals over spread contexts.
-    The fit cannot price these from prompt bursts and verify steps apart: the prompts and
-    the verify chunks share one ragged forward, and its attention and per-step costs are
-    not the sum of the two steps'. A fixed seed, so every machine profiles the same."""
+    Priced from prompt bursts and verify steps apart, such steps of the CPU lab's
+    draft-model runs came out 10-30% high (docs/speculative.md). A fixed seed, so every
+    machine profiles the same."""
     rng = np.random.default_rng(1)
     points = []
     for prompts in (1, 4):
