@@ -132,9 +132,8 @@ def _ragged_steps(quick: bool) -> list[ProfilePoint]:
     points = []
     for prompts in ((2, 8) if quick else (2, 4, 8, 16)):
         for riders in ((0, 16) if quick else (0, 8, 32)):
-            lens = np.clip(rng.lognormal(np.log(128), 0.8, prompts), 8, 1024).astype(int)
-            ctxs = np.clip(rng.lognormal(np.log(256), 0.7, riders), 16, 1536).astype(int)
-            shares = tuple((0, int(n)) for n in lens) + tuple((int(c), 1) for c in ctxs)
+            lens, ctxs = _prompt_lengths(rng, prompts), _running_contexts(rng, riders)
+            shares = tuple((0, n) for n in lens) + tuple((c, 1) for c in ctxs)
             points.append(ProfilePoint("mixed" if riders else "prefill", shares))
     return points
 
@@ -166,14 +165,23 @@ def _admissions_beside_verify(rows: tuple[int, ...]) -> list[ProfilePoint]:
     rng = np.random.default_rng(1)
     points = []
     for prompts in (1, 4):
-        lens = np.clip(rng.lognormal(np.log(128), 0.8, prompts), 8, 1024).astype(int)
+        lens = _prompt_lengths(rng, prompts)
         for r in rows:
-            ctxs = np.clip(rng.lognormal(np.log(256), 0.7, r), 16, 1536).astype(int)
+            ctxs = _running_contexts(rng, r)
             for k in (1, 4):
-                shares = (tuple((0, int(n)) for n in lens)
-                          + tuple((int(c), k + 1) for c in ctxs))
+                shares = tuple((0, n) for n in lens) + tuple((c, k + 1) for c in ctxs)
                 points.append(ProfilePoint("verify", shares, proposals=(0,) * prompts + (k,) * r))
     return points
+
+
+def _prompt_lengths(rng: np.random.Generator, n: int) -> list[int]:
+    """n whole prompts' lengths as traces spread them: lognormal, median 128, 8-1024."""
+    return [int(x) for x in np.clip(rng.lognormal(np.log(128), 0.8, n), 8, 1024).astype(int)]
+
+
+def _running_contexts(rng: np.random.Generator, n: int) -> list[int]:
+    """n running rows' KV lengths: lognormal, median 256, 16-1536."""
+    return [int(x) for x in np.clip(rng.lognormal(np.log(256), 0.7, n), 16, 1536).astype(int)]
 
 
 def point_prompts(point: ProfilePoint, vocab_size: int, rng: np.random.Generator
