@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import threading
+from contextlib import closing
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,7 +24,9 @@ from tests.servelab.serve.helpers import (
     run,
     start_server,
     stream_completion,
+    wait_until,
 )
+from workloads.formats.sqlite import TABLE
 
 
 def seeded_bodies(count: int) -> list[dict]:
@@ -39,32 +44,34 @@ def seeded_bodies(count: int) -> list[dict]:
     return bodies
 
 
-def taken_in(url: str) -> float:
-    """Requests the engine has taken in, as of its last step: live ones and finished ones."""
-    finished = sum(aborted(url, reason) for reason in ("length", "stop"))
-    return health(url)["num_live"] + finished
+def logged_arrivals(path: Path) -> int:
+    """Requests the server has queued for its engine: each is in its request log one commit
+    after it arrives, whether or not the engine has stepped since."""
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
 
 
 @pytest.mark.parametrize(("policy", "num_blocks"), [("continuous", 1024), ("recompute", 12)])
-def test_streamed_tokens_equal_offline_engine(tiny_model, policy, num_blocks):
-    """Recompute with 12 blocks preempts: outputs must still match the offline run. Steps
-    run one at a time until the engine holds every request, so they contend for the pool
-    however fast the machine serves the first ones."""
+def test_streamed_tokens_equal_offline_engine(tiny_model, tmp_path, policy, num_blocks):
+    """Recompute with 12 blocks preempts: outputs must still match the offline run. No step
+    runs until every request is queued for the engine (the first step may have taken a few),
+    so they contend for the pool however fast the machine serves the first ones."""
     bodies = seeded_bodies(12)
     config = SchedulerConfig(policy=policy, num_blocks=num_blocks, block_size=16,
                              max_model_len=MAX_MODEL_LEN)
     expected = offline_outputs(tiny_model, bodies, config)
+    log = tmp_path / "requests.sqlite"
 
     async def main(url: str, gate: StepGate):
         async with async_client(url) as client:
             tasks = [asyncio.create_task(stream_completion(client, b)) for b in bodies]
-            await asyncio.to_thread(gate.step_until, lambda: taken_in(url) >= len(bodies),
-                                    len(bodies), "every request is in the engine")
+            await asyncio.to_thread(wait_until, lambda: logged_arrivals(log) >= len(bodies),
+                                    "every request is queued for the engine")
             gate.open()
             return await asyncio.gather(*tasks)
 
     with StepGate() as gate, start_server(tiny_model, policy=policy, num_blocks=num_blocks,
-                                          wrap=gate.wrap) as server:
+                                          wrap=gate.wrap, request_log=log) as server:
         results = run(main(server.url, gate))
         metrics = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=HANG_S).text
         assert health(server.url)["kv_blocks_used"] == 0
